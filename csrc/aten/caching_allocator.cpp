@@ -1,0 +1,440 @@
+#include "caching_allocator.h"
+
+#include <c10/util/Exception.h>
+#include <c10/util/flat_hash_map.h>
+
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "device_state.h"
+#include "runtime_status.h"
+#include "stream_state.h"
+
+namespace torchneuron {
+namespace {
+
+using c10::CachingDeviceAllocator::DeviceStats;
+using c10::CachingDeviceAllocator::StatArray;
+using c10::CachingDeviceAllocator::StatType;
+
+constexpr size_t kMinBlockSize = 512;            // every size is rounded up to this
+constexpr size_t kSmallSize = 1 << 20;           // requests up to 1 MiB use the small pool
+constexpr size_t kSmallSegment = 2 << 20;        // small-pool segments are 2 MiB
+constexpr size_t kMediumSegment = 20 << 20;      // requests below 10 MiB share 20 MiB segments
+constexpr size_t kMinLargeAlloc = 10 << 20;      // larger requests get their own segment
+constexpr size_t kLargeRounding = 2 << 20;       // ... rounded up to 2 MiB
+
+struct Block {
+  c10::DeviceIndex device;
+  c10::StreamId stream;
+  size_t size;
+  void* ptr;
+  bool small;
+  bool allocated = false;
+  size_t requested = 0;
+  Block* prev = nullptr;  // neighbours inside the same segment
+  Block* next = nullptr;
+  ska::flat_hash_set<c10::StreamId> stream_uses;
+  int pending_events = 0;
+};
+
+struct BlockOrder {
+  bool operator()(const Block* a, const Block* b) const {
+    return std::tie(a->stream, a->size, a->ptr) < std::tie(b->stream, b->size, b->ptr);
+  }
+};
+
+using BlockPool = std::set<Block*, BlockOrder>;
+
+void stat_add(StatArray& stat, bool small, size_t amount) {
+  stat[static_cast<size_t>(StatType::AGGREGATE)].increase(amount);
+  stat[static_cast<size_t>(small ? StatType::SMALL_POOL : StatType::LARGE_POOL)].increase(amount);
+}
+
+void stat_sub(StatArray& stat, bool small, size_t amount) {
+  stat[static_cast<size_t>(StatType::AGGREGATE)].decrease(amount);
+  stat[static_cast<size_t>(small ? StatType::SMALL_POOL : StatType::LARGE_POOL)].decrease(amount);
+}
+
+size_t round_size(size_t nbytes) {
+  return nbytes < kMinBlockSize ? kMinBlockSize
+                                : kMinBlockSize * ((nbytes + kMinBlockSize - 1) / kMinBlockSize);
+}
+
+size_t segment_size(size_t size) {
+  if (size <= kSmallSize) return kSmallSegment;
+  if (size < kMinLargeAlloc) return kMediumSegment;
+  return kLargeRounding * ((size + kLargeRounding - 1) / kLargeRounding);
+}
+
+class DeviceCache {
+ public:
+  explicit DeviceCache(c10::DeviceIndex device) : device_(device) {}
+
+  Block* allocate(size_t nbytes, c10::StreamId stream) {
+    const size_t size = round_size(nbytes);
+    std::lock_guard<std::mutex> lock(mutex_);
+    process_pending(/*wait=*/false);
+    const bool small = size <= kSmallSize;
+    BlockPool& pool = small ? small_free_ : large_free_;
+    Block* block = take_free(pool, stream, size);
+    if (block == nullptr) {
+      block = new_segment(size, stream, small, nbytes);
+    }
+    block = split(block, size, pool);
+    block->allocated = true;
+    block->requested = nbytes;
+    allocated_.emplace(block->ptr, block);
+    stat_add(stats_.allocation, small, 1);
+    stat_add(stats_.active, small, 1);
+    stat_add(stats_.allocated_bytes, small, block->size);
+    stat_add(stats_.active_bytes, small, block->size);
+    stat_add(stats_.requested_bytes, small, nbytes);
+    return block;
+  }
+
+  // Returns false if ptr is not one of this device's live blocks.
+  bool free(void* ptr) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = allocated_.find(ptr);
+    if (it == allocated_.end()) return false;
+    Block* block = it->second;
+    allocated_.erase(it);
+    block->allocated = false;
+    stat_sub(stats_.allocation, block->small, 1);
+    stat_sub(stats_.allocated_bytes, block->small, block->size);
+    stat_sub(stats_.requested_bytes, block->small, block->requested);
+    if (!block->stream_uses.empty()) {
+      defer_until_streams_reach(block);
+    } else {
+      release_to_pool(block);
+    }
+    return true;
+  }
+
+  bool record_stream(void* ptr, c10::StreamId stream) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = allocated_.find(ptr);
+    if (it == allocated_.end()) return false;
+    if (stream != it->second->stream) it->second->stream_uses.insert(stream);
+    return true;
+  }
+
+  void empty_cache() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    process_pending(/*wait=*/true);
+    release_whole_segments(small_free_);
+    release_whole_segments(large_free_);
+  }
+
+  DeviceStats stats() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return stats_;
+  }
+
+  template <typename Fn>
+  void for_each_stat(Fn fn) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (StatArray* array :
+         {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
+          &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
+          &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
+      for (auto& stat : *array) fn(stat);
+    }
+    fn(stats_.oversize_allocations);
+    fn(stats_.oversize_segments);
+  }
+
+  void reset_accumulated() {
+    for_each_stat([](c10::CachingAllocator::Stat& s) { s.reset_accumulated(); });
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.num_alloc_retries = 0;
+    stats_.num_ooms = 0;
+    stats_.num_device_alloc = 0;
+    stats_.num_device_free = 0;
+    stats_.num_sync_all_streams = 0;
+  }
+
+ private:
+  Block* take_free(BlockPool& pool, c10::StreamId stream, size_t size) {
+    Block key{device_, stream, size, nullptr, false};
+    auto it = pool.lower_bound(&key);
+    if (it == pool.end() || (*it)->stream != stream) return nullptr;
+    // A large request does not take a much larger cached block: that would pin the rest.
+    if (!(*it)->small && (*it)->size >= kMinLargeAlloc && (*it)->size > 2 * size + kLargeRounding)
+      return nullptr;
+    Block* block = *it;
+    pool.erase(it);
+    if (block->prev != nullptr || block->next != nullptr) {
+      stat_sub(stats_.inactive_split, block->small, 1);
+      stat_sub(stats_.inactive_split_bytes, block->small, block->size);
+    }
+    return block;
+  }
+
+  Block* new_segment(size_t size, c10::StreamId stream, bool small, size_t requested) {
+    const size_t bytes = segment_size(size);
+    void* ptr = nullptr;
+    nrt_status status = nrt_mem_alloc(device_, bytes, &ptr);
+    if (status == NRT_OUT_OF_MEMORY) {
+      // Give cached, unused segments back and try once more before reporting.
+      stats_.num_alloc_retries += 1;
+      process_pending(/*wait=*/true);
+      release_whole_segments(small_free_);
+      release_whole_segments(large_free_);
+      status = nrt_mem_alloc(device_, bytes, &ptr);
+    }
+    if (status == NRT_OUT_OF_MEMORY) {
+      stats_.num_ooms += 1;
+      throw_out_of_memory(requested, bytes);
+    }
+    NEURON_CHECK(status);
+    stats_.num_device_alloc += 1;
+    stat_add(stats_.segment, small, 1);
+    stat_add(stats_.reserved_bytes, small, bytes);
+    return new Block{device_, stream, bytes, ptr, small};
+  }
+
+  [[noreturn]] void throw_out_of_memory(size_t requested, size_t segment) {
+    uint64_t used = 0, capacity = 0;
+    nrt_mem_get_info(device_, &used, &capacity);
+    uint64_t budget_used = 0, budget = 0;
+    nrt_host_budget(&budget_used, &budget);
+    const auto agg = static_cast<size_t>(StatType::AGGREGATE);
+    const uint64_t allocated = stats_.allocated_bytes[agg].current;
+    const uint64_t reserved = stats_.reserved_bytes[agg].current;
+    const std::string runtime_message = nrt_last_error();
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "neuron:", static_cast<int>(device_),
+                     " is out of memory: tried to allocate ", format_bytes(requested),
+                     " (a segment of ", format_bytes(segment), "). The device has ",
+                     format_bytes(capacity), " of capacity, of which ", format_bytes(used),
+                     " is in use; PyTorch has ", format_bytes(allocated),
+                     " allocated in tensors and ", format_bytes(reserved - allocated),
+                     " cached but unused by the caching allocator. The process-wide host "
+                     "budget is ", format_bytes(budget), " (", format_bytes(budget_used),
+                     " used; set TORCHNEURON_HOST_MEMORY_BUDGET to change it). Free tensors, "
+                     "call torch.neuron.empty_cache(), or reduce the batch size or sequence "
+                     "length. Runtime: ",
+                     runtime_message);
+  }
+
+  Block* split(Block* block, size_t size, BlockPool& pool) {
+    const size_t remaining = block->size - size;
+    const bool worth_splitting = block->small ? remaining >= kMinBlockSize : remaining > kSmallSize;
+    if (!worth_splitting) return block;
+    auto* rest = new Block{device_, block->stream, remaining, static_cast<char*>(block->ptr) + size,
+                           block->small};
+    rest->prev = block;
+    rest->next = block->next;
+    if (rest->next != nullptr) rest->next->prev = rest;
+    block->next = rest;
+    block->size = size;
+    pool.insert(rest);
+    stat_add(stats_.inactive_split, rest->small, 1);
+    stat_add(stats_.inactive_split_bytes, rest->small, rest->size);
+    return block;
+  }
+
+  void defer_until_streams_reach(Block* block) {
+    for (c10::StreamId stream : block->stream_uses) {
+      nrt_event_t event = nullptr;
+      NEURON_CHECK(nrt_event_create(NRT_EVENT_DEFAULT, &event));
+      NEURON_CHECK(nrt_event_record(event, device_, static_cast<int>(stream)));
+      pending_.emplace_back(event, block);
+      block->pending_events += 1;
+    }
+    block->stream_uses.clear();
+  }
+
+  void process_pending(bool wait) {
+    while (!pending_.empty()) {
+      auto [event, block] = pending_.front();
+      if (wait) {
+        NEURON_CHECK(nrt_event_synchronize(event));
+      } else if (nrt_event_query(event) == NRT_NOT_READY) {
+        break;
+      }
+      nrt_event_destroy(event);
+      pending_.pop_front();
+      if (--block->pending_events == 0) release_to_pool(block);
+    }
+  }
+
+  void release_to_pool(Block* block) {
+    stat_sub(stats_.active, block->small, 1);
+    stat_sub(stats_.active_bytes, block->small, block->size);
+    BlockPool& pool = block->small ? small_free_ : large_free_;
+    merge_with(block, block->prev, pool);
+    merge_with(block, block->next, pool);
+    if (block->prev != nullptr || block->next != nullptr) {
+      stat_add(stats_.inactive_split, block->small, 1);
+      stat_add(stats_.inactive_split_bytes, block->small, block->size);
+    }
+    pool.insert(block);
+  }
+
+  void merge_with(Block* block, Block* neighbour, BlockPool& pool) {
+    if (neighbour == nullptr || neighbour->allocated || neighbour->pending_events > 0) return;
+    if (pool.erase(neighbour) == 0) return;  // it is not free in this pool
+    stat_sub(stats_.inactive_split, neighbour->small, 1);
+    stat_sub(stats_.inactive_split_bytes, neighbour->small, neighbour->size);
+    if (neighbour == block->prev) {
+      block->ptr = neighbour->ptr;
+      block->prev = neighbour->prev;
+      if (block->prev != nullptr) block->prev->next = block;
+    } else {
+      block->next = neighbour->next;
+      if (block->next != nullptr) block->next->prev = block;
+    }
+    block->size += neighbour->size;
+    delete neighbour;
+  }
+
+  void release_whole_segments(BlockPool& pool) {
+    for (auto it = pool.begin(); it != pool.end();) {
+      Block* block = *it;
+      if (block->prev == nullptr && block->next == nullptr) {
+        NEURON_CHECK(nrt_mem_free(device_, block->ptr));
+        stats_.num_device_free += 1;
+        stat_sub(stats_.segment, block->small, 1);
+        stat_sub(stats_.reserved_bytes, block->small, block->size);
+        it = pool.erase(it);
+        delete block;
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  c10::DeviceIndex device_;
+  std::mutex mutex_;
+  BlockPool small_free_;
+  BlockPool large_free_;
+  std::unordered_map<void*, Block*> allocated_;
+  std::deque<std::pair<nrt_event_t, Block*>> pending_;
+  DeviceStats stats_;
+};
+
+std::vector<std::unique_ptr<DeviceCache>>& device_caches() {
+  static std::vector<std::unique_ptr<DeviceCache>> caches = [] {
+    std::vector<std::unique_ptr<DeviceCache>> result;
+    const auto count = device_count();
+    for (c10::DeviceIndex i = 0; i < count; ++i) result.push_back(std::make_unique<DeviceCache>(i));
+    return result;
+  }();
+  return caches;
+}
+
+DeviceCache& cache_for(c10::DeviceIndex device) {
+  check_device_index(device);
+  return *device_caches()[static_cast<size_t>(device)];
+}
+
+void free_device_memory(void* ptr) {
+  if (ptr == nullptr) return;
+  for (auto& cache : device_caches()) {
+    if (cache->free(ptr)) return;
+  }
+  TORCH_INTERNAL_ASSERT(false, "neuron caching allocator: freeing unknown pointer ", ptr);
+}
+
+CachingAllocator g_allocator;
+
+}  // namespace
+
+REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_allocator)
+
+CachingAllocator& caching_allocator() { return g_allocator; }
+
+std::string format_bytes(uint64_t bytes) {
+  const char* units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024.0 && unit < 4) {
+    value /= 1024.0;
+    ++unit;
+  }
+  char text[64];
+  if (unit == 0) {
+    std::snprintf(text, sizeof(text), "%llu bytes", static_cast<unsigned long long>(bytes));
+  } else {
+    std::snprintf(text, sizeof(text), "%.2f %s", value, units[unit]);
+  }
+  return text;
+}
+
+c10::DataPtr CachingAllocator::allocate(size_t nbytes) {
+  return allocate_on(current_device(), nbytes);
+}
+
+c10::DataPtr CachingAllocator::allocate_on(c10::DeviceIndex device, size_t nbytes) {
+  const c10::Device where(c10::DeviceType::PrivateUse1, device);
+  if (nbytes == 0) {
+    check_device_index(device);
+    return c10::DataPtr(nullptr, where);
+  }
+  Block* block = cache_for(device).allocate(nbytes, current_stream(device).id());
+  return c10::DataPtr(block->ptr, block->ptr, &free_device_memory, where);
+}
+
+c10::DeleterFnPtr CachingAllocator::raw_deleter() const { return &free_device_memory; }
+
+void CachingAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
+  if (count > 0) std::memcpy(dest, src, count);
+}
+
+bool CachingAllocator::owns(const c10::DataPtr& data_ptr) {
+  return data_ptr.get_deleter() == &free_device_memory;
+}
+
+bool CachingAllocator::free_if_owned(void* ptr) {
+  if (ptr == nullptr || !nrt_is_initialized()) return false;
+  for (auto& cache : device_caches()) {
+    if (cache->free(ptr)) return true;
+  }
+  return false;
+}
+
+bool CachingAllocator::initialized() { return nrt_is_initialized() != 0; }
+
+void CachingAllocator::emptyCache(c10::MempoolId_t /*mempool_id*/) {
+  if (!initialized()) return;
+  for (auto& cache : device_caches()) cache->empty_cache();
+}
+
+void CachingAllocator::recordStream(const c10::DataPtr& ptr, c10::Stream stream) {
+  if (ptr.get() == nullptr || !owns(ptr)) return;
+  const bool known = cache_for(ptr.device().index()).record_stream(ptr.get(), stream.id());
+  TORCH_INTERNAL_ASSERT(known, "recordStream on a pointer the neuron allocator does not own");
+}
+
+c10::CachingDeviceAllocator::DeviceStats CachingAllocator::getDeviceStats(
+    c10::DeviceIndex device) {
+  return cache_for(resolve_device_index(device)).stats();
+}
+
+void CachingAllocator::resetAccumulatedStats(c10::DeviceIndex device) {
+  cache_for(resolve_device_index(device)).reset_accumulated();
+}
+
+void CachingAllocator::resetPeakStats(c10::DeviceIndex device) {
+  cache_for(resolve_device_index(device)).for_each_stat([](c10::CachingAllocator::Stat& s) {
+    s.reset_peak();
+  });
+}
+
+std::pair<size_t, size_t> CachingAllocator::getMemoryInfo(c10::DeviceIndex device) {
+  device = resolve_device_index(device);
+  uint64_t used = 0, capacity = 0;
+  NEURON_CHECK(nrt_mem_get_info(device, &used, &capacity));
+  return {static_cast<size_t>(capacity - used), static_cast<size_t>(capacity)};
+}
+
+}  // namespace torchneuron

@@ -1,0 +1,39 @@
+// The device memory allocator: caches blocks carved from runtime segments so that the
+// steady state of a training or generation loop never calls the runtime. Stream-aware: a
+// block is reused only on the stream it was allocated on, and a block used on other streams
+// (recordStream) returns to the pool only after those streams reach the free.
+#pragma once
+
+#include <c10/core/CachingDeviceAllocator.h>
+
+#include <string>
+
+namespace torchneuron {
+
+class CachingAllocator final : public c10::DeviceAllocator {
+ public:
+  // Allocates on the calling thread's current device and stream.
+  c10::DataPtr allocate(size_t nbytes) override;
+  c10::DataPtr allocate_on(c10::DeviceIndex device, size_t nbytes);
+  c10::DeleterFnPtr raw_deleter() const override;
+  void copy_data(void* dest, const void* src, std::size_t count) const override;
+
+  bool initialized() override;
+  void emptyCache(c10::MempoolId_t mempool_id = {0, 0}) override;
+  void recordStream(const c10::DataPtr& ptr, c10::Stream stream) override;
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override;
+  void resetAccumulatedStats(c10::DeviceIndex device) override;
+  void resetPeakStats(c10::DeviceIndex device) override;
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override;
+
+  // True when the memory behind data_ptr came from this allocator.
+  static bool owns(const c10::DataPtr& data_ptr);
+  // Frees ptr if it is a live block of this allocator; false otherwise.
+  static bool free_if_owned(void* ptr);
+};
+
+CachingAllocator& caching_allocator();
+
+std::string format_bytes(uint64_t bytes);
+
+}  // namespace torchneuron

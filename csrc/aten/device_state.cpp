@@ -1,0 +1,47 @@
+#include "device_state.h"
+
+#include <c10/util/Exception.h>
+
+#include "runtime_status.h"
+
+namespace torchneuron {
+namespace {
+thread_local c10::DeviceIndex tls_current_device = 0;
+}  // namespace
+
+c10::DeviceIndex device_count() {
+  int count = 0;
+  NEURON_CHECK(nrt_device_count(&count));
+  return static_cast<c10::DeviceIndex>(count);
+}
+
+c10::DeviceIndex device_count_or_zero() noexcept {
+  int count = 0;
+  return nrt_device_count(&count) == NRT_SUCCESS ? static_cast<c10::DeviceIndex>(count) : 0;
+}
+
+void check_device_index(c10::DeviceIndex index) {
+  const auto count = device_count();
+  TORCH_CHECK_INDEX(index >= 0 && index < count, "neuron:", static_cast<int>(index),
+                    " is not a valid device: this process sees ", static_cast<int>(count),
+                    " neuron device(s), so use an index from 0 to ", static_cast<int>(count) - 1,
+                    " (NEURON_RT_VISIBLE_CORES and NEURON_LOGICAL_NC_CONFIG decide how many "
+                    "there are).");
+}
+
+c10::DeviceIndex current_device() { return tls_current_device; }
+
+void set_device(c10::DeviceIndex index) {
+  check_device_index(index);
+  tls_current_device = index;
+}
+
+c10::DeviceIndex resolve_device_index(c10::DeviceIndex index) {
+  if (index < 0) {
+    return tls_current_device;
+  }
+  check_device_index(index);
+  return index;
+}
+
+}  // namespace torchneuron

@@ -1,0 +1,303 @@
+// Runs every ATen op that has no dedicated neuron kernel on the host kernels of PyTorch's
+// CPU backend, directly over device memory (zero-copy): neuron arguments are passed as CPU
+// aliases of the same bytes, allocations made by the kernel are served from the op's
+// device (allocation_redirect.h), and results are adopted as neuron tensors without a copy.
+// A result whose bytes did not come from device memory is copied in and counted as a
+// fallback (op_tracking.h).
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/op_registration/op_registration.h>
+#include <c10/core/StorageImpl.h>
+#include <torch/library.h>
+
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "allocation_redirect.h"
+#include "device_state.h"
+#include "generator.h"
+#include "host_alias.h"
+#include "op_tracking.h"
+
+namespace torchneuron {
+namespace {
+
+// What the executor needs to know about an op, derived once from its schema.
+struct OpPlan {
+  OpCounter* counter = nullptr;
+  std::vector<bool> is_generator;   // per argument
+  std::vector<bool> allows_host;    // per argument: CPU tensors accepted (indices)
+  std::vector<bool> is_written;     // per argument: mutated in place (Tensor(a!))
+  std::vector<int> return_aliases;  // per return: index of the argument it returns, or -1
+  std::string name;
+};
+
+bool is_generator_type(const c10::TypePtr& type) {
+  if (type->kind() == c10::TypeKind::GeneratorType) return true;
+  if (auto optional = type->cast<c10::OptionalType>()) {
+    return optional->getElementType()->kind() == c10::TypeKind::GeneratorType;
+  }
+  return false;
+}
+
+std::unique_ptr<OpPlan> make_plan(const c10::FunctionSchema& schema) {
+  auto plan = std::make_unique<OpPlan>();
+  plan->name = c10::toString(schema.operator_name());
+  const auto& arguments = schema.arguments();
+  for (const auto& argument : arguments) {
+    plan->is_generator.push_back(is_generator_type(argument.real_type()));
+    // Index lists (Tensor?[]) may hold CPU tensors, as on CUDA.
+    plan->allows_host.push_back(argument.real_type()->str() == "Tensor?[]");
+    plan->is_written.push_back(argument.alias_info() != nullptr &&
+                               argument.alias_info()->isWrite());
+  }
+  for (const auto& ret : schema.returns()) {
+    int alias_of = -1;
+    if (ret.alias_info() != nullptr && ret.alias_info()->isWrite()) {
+      for (size_t i = 0; i < arguments.size(); ++i) {
+        const auto* info = arguments[i].alias_info();
+        if (info != nullptr && info->beforeSets() == ret.alias_info()->beforeSets()) {
+          alias_of = static_cast<int>(i);
+          break;
+        }
+      }
+    }
+    plan->return_aliases.push_back(alias_of);
+  }
+  plan->counter = &op_counter(&schema, plan->name);
+  return plan;
+}
+
+const OpPlan& plan_for(const c10::OperatorHandle& op) {
+  const void* key = &op.schema();
+  thread_local std::unordered_map<const void*, const OpPlan*> cache;
+  auto hit = cache.find(key);
+  if (C10_LIKELY(hit != cache.end())) return *hit->second;
+  static std::mutex mutex;
+  static std::unordered_map<const void*, std::unique_ptr<OpPlan>> plans;
+  std::lock_guard<std::mutex> lock(mutex);
+  auto& slot = plans[key];
+  if (!slot) slot = make_plan(op.schema());
+  cache.emplace(key, slot.get());
+  return *slot;
+}
+
+bool is_device(const at::Tensor& t) {
+  return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1;
+}
+
+// Finds the op's device and rejects CPU tensors where a device tensor is required.
+class DeviceResolver {
+ public:
+  DeviceResolver(const OpPlan& plan, const c10::FunctionSchema& schema)
+      : plan_(plan), schema_(schema) {}
+
+  void visit(const at::Tensor& t, size_t arg) {
+    if (!t.defined()) return;
+    if (is_device(t)) {
+      const auto index = t.device().index();
+      if (device_ < 0) {
+        device_ = index;
+      } else {
+        TORCH_CHECK(index == device_,
+                    "Expected all tensors to be on the same device, but found at least two "
+                    "devices, neuron:", static_cast<int>(device_), " and neuron:",
+                    static_cast<int>(index), "! (argument '", schema_.arguments()[arg].name(),
+                    "' of ", plan_.name, "). Move them to one device with .to('neuron:N').");
+      }
+    } else if (t.device().is_cpu()) {
+      if (t.dim() == 0 || plan_.allows_host[arg]) return;  // CPU scalars are fine, as on CUDA
+      saw_host_arg_ = static_cast<int>(arg);
+    } else {
+      TORCH_CHECK(false, "Expected all tensors to be on the same device, but found a tensor on ",
+                  t.device(), " in argument '", schema_.arguments()[arg].name(), "' of ",
+                  plan_.name, ". Move it with .to('neuron').");
+    }
+  }
+
+  void visit_device(const c10::Device& device) {
+    if (device.type() == c10::DeviceType::PrivateUse1 && device_ < 0) {
+      device_ = device.has_index() ? device.index() : current_device();
+    }
+  }
+
+  c10::DeviceIndex finish() const {
+    TORCH_CHECK(device_ >= 0, plan_.name,
+                " was dispatched to the neuron backend but has no neuron tensor or device "
+                "argument (a neuron generator with CPU tensors?). Use a CPU generator for CPU "
+                "tensors.");
+    TORCH_CHECK(saw_host_arg_ < 0,
+                "Expected all tensors to be on the same device, but found at least two devices, "
+                "neuron:", static_cast<int>(device_), " and cpu! (argument '",
+                schema_.arguments()[saw_host_arg_].name(), "' of ", plan_.name,
+                "). Move the CPU tensor to the device with .to('neuron'), or the neuron "
+                "tensors to the host with .cpu().");
+    return device_;
+  }
+
+ private:
+  const OpPlan& plan_;
+  const c10::FunctionSchema& schema_;
+  c10::DeviceIndex device_ = -1;
+  int saw_host_arg_ = -1;
+};
+
+// Converts one host result into a neuron tensor.
+class ResultAdopter {
+ public:
+  ResultAdopter(const HostAliasSet& aliases, c10::DeviceIndex device, OpCounter& counter)
+      : aliases_(aliases), device_(device), counter_(counter) {}
+
+  at::Tensor adopt(const at::Tensor& host) {
+    if (!host.defined() || !host.device().is_cpu()) return host;
+    c10::StorageImpl* key = host.storage().unsafeGetStorageImpl();
+    if (const c10::Storage* input = aliases_.device_storage_for(key)) {
+      return device_tensor_on(*input, host);  // a view of an argument
+    }
+    for (const auto& [seen, storage] : adopted_) {
+      if (seen == key) return device_tensor_on(storage, host);
+    }
+    c10::Storage storage = adopt_device_memory(key, device_);
+    if (!storage) {
+      storage = new_device_storage(key->nbytes(), device_);
+      if (key->nbytes() > 0) {
+        // The kernel returned memory that is not device memory: copy it in, and say so.
+        std::memcpy(storage.mutable_data(), key->data(), key->nbytes());
+        counter_.fallback.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+    adopted_.emplace_back(key, storage);
+    return device_tensor_on(std::move(storage), host);
+  }
+
+ private:
+  const HostAliasSet& aliases_;
+  c10::DeviceIndex device_;
+  OpCounter& counter_;
+  std::vector<std::pair<c10::StorageImpl*, c10::Storage>> adopted_;
+};
+
+// After an in-place or out= kernel, carries a reallocation or reshape of the alias over to
+// the neuron tensor it stands for.
+void write_back(const at::Tensor& device, const at::Tensor& host, ResultAdopter& adopter) {
+  auto* impl = device.unsafeGetTensorImpl();
+  const c10::Storage& device_storage = impl->storage();
+  const c10::Storage& host_storage = host.storage();
+  if (host_storage.data() != device_storage.data()) {
+    at::Tensor moved = adopter.adopt(host);
+    if (moved.storage().unsafeGetStorageImpl() != device_storage.unsafeGetStorageImpl()) {
+      // The kernel reallocated: the neuron storage (shared by every view) takes the memory.
+      c10::StorageImpl* target = device_storage.unsafeGetStorageImpl();
+      c10::StorageImpl* source = moved.storage().unsafeGetStorageImpl();
+      const size_t nbytes = source->nbytes();
+      target->set_data_ptr_noswap(source->set_data_ptr(c10::DataPtr()));
+      target->set_nbytes(nbytes);
+    }
+  }
+  if (device.sizes() != host.sizes() || device.strides() != host.strides() ||
+      device.storage_offset() != host.storage_offset()) {
+    impl->set_sizes_and_strides(host.sizes(), host.strides(), host.storage_offset());
+  }
+}
+
+void run_on_host_kernels(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const c10::FunctionSchema& schema = op.schema();
+  const OpPlan& plan = plan_for(op);
+  const size_t num_args = schema.arguments().size();
+  const size_t first = stack->size() - num_args;
+
+  DeviceResolver resolver(plan, schema);
+  for (size_t i = 0; i < num_args; ++i) {
+    const c10::IValue& value = (*stack)[first + i];
+    if (value.isTensor()) {
+      resolver.visit(value.toTensor(), i);
+    } else if (value.isTensorList()) {
+      for (const at::Tensor& t : value.toTensorList()) resolver.visit(t, i);
+    } else if (value.isOptionalTensorList()) {
+      for (const std::optional<at::Tensor> t : value.toOptionalTensorList()) {
+        if (t.has_value()) resolver.visit(*t, i);
+      }
+    } else if (value.isDevice()) {
+      resolver.visit_device(value.toDevice());
+    }
+  }
+  const c10::DeviceIndex device = resolver.finish();
+
+  HostAliasSet aliases;
+  std::vector<std::pair<at::Tensor, at::Tensor>> written;  // (neuron tensor, its alias)
+  std::vector<c10::IValue> originals;                      // arguments returned as results
+  originals.reserve(num_args);
+  for (size_t i = 0; i < num_args; ++i) {
+    c10::IValue& value = (*stack)[first + i];
+    originals.push_back(value);
+    if (value.isTensor()) {
+      const at::Tensor& t = value.toTensor();
+      if (is_device(t)) {
+        at::Tensor alias = aliases.alias(t);
+        if (plan.is_written[i]) written.emplace_back(t, alias);
+        value = std::move(alias);
+      }
+    } else if (value.isTensorList()) {
+      c10::List<at::Tensor> converted;
+      converted.reserve(value.toTensorList().size());
+      for (const at::Tensor& t : value.toTensorList()) {
+        if (is_device(t)) {
+          at::Tensor alias = aliases.alias(t);
+          if (plan.is_written[i]) written.emplace_back(t, alias);
+          converted.push_back(std::move(alias));
+        } else {
+          converted.push_back(t);
+        }
+      }
+      value = std::move(converted);
+    } else if (value.isOptionalTensorList()) {
+      c10::List<std::optional<at::Tensor>> converted;
+      for (const std::optional<at::Tensor> t : value.toOptionalTensorList()) {
+        converted.push_back(t.has_value() && is_device(*t) ? std::optional(aliases.alias(*t)) : t);
+      }
+      value = std::move(converted);
+    } else if (value.isDevice()) {
+      if (value.toDevice().type() == c10::DeviceType::PrivateUse1) {
+        value = c10::IValue(c10::Device(c10::DeviceType::CPU));
+      }
+    } else if (plan.is_generator[i]) {
+      std::optional<at::Generator> generator;
+      if (value.isGenerator()) generator = value.toGenerator();
+      value = c10::IValue(host_engine_for(generator, device));
+    }
+  }
+
+  {
+    DeviceAllocationScope scope(device);
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  }
+
+  ResultAdopter adopter(aliases, device, *plan.counter);
+  for (const auto& [device_tensor, alias] : written) write_back(device_tensor, alias, adopter);
+  const size_t num_returns = schema.returns().size();
+  const size_t returns_first = stack->size() - num_returns;
+  for (size_t j = 0; j < num_returns; ++j) {
+    c10::IValue& value = (*stack)[returns_first + j];
+    const int alias_of = plan.return_aliases[j];
+    if (alias_of >= 0) {
+      value = originals[static_cast<size_t>(alias_of)];
+    } else if (value.isTensor()) {
+      value = adopter.adopt(value.toTensor());
+    } else if (value.isTensorList()) {
+      c10::List<at::Tensor> converted;
+      for (const at::Tensor& t : value.toTensorList()) converted.push_back(adopter.adopt(t));
+      value = std::move(converted);
+    }
+  }
+  plan.counter->executed.fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&run_on_host_kernels>());
+}
+
+}  // namespace torchneuron

@@ -1,0 +1,200 @@
+// The neuron kernels that cannot run as host kernels over aliases: tensor creation,
+// views and metadata changes on the device tensor itself, copies across the host/device
+// boundary, scalar reads, and dropout (which must draw from the neuron generator).
+// Everything else goes through host_kernel_executor.cpp.
+#include <ATen/EmptyTensor.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/view_native.h>
+#include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include "allocation_redirect.h"
+#include "caching_allocator.h"
+#include "device_state.h"
+#include "device_storage.h"
+#include "host_alias.h"
+#include "op_tracking.h"
+
+namespace torchneuron {
+namespace {
+
+constexpr auto kNeuronKeys = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1);
+
+bool is_device(const at::Tensor& t) {
+  return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1;
+}
+
+void count(OpCounter& counter) { counter.executed.fetch_add(1, std::memory_order_relaxed); }
+
+c10::Device target_device(std::optional<c10::Device> device) {
+  const c10::DeviceIndex index = device.has_value() && device->has_index() ? device->index() : -1;
+  return c10::Device(c10::DeviceType::PrivateUse1, resolve_device_index(index));
+}
+
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
+                               std::optional<at::Layout> layout,
+                               std::optional<at::Device> device, std::optional<bool> pin_memory,
+                               std::optional<at::MemoryFormat> memory_format) {
+  static OpCounter& counter = op_counter_named("aten::empty.memory_format");
+  count(counter);
+  TORCH_CHECK(!pin_memory.value_or(false), "Only CPU tensors can be pinned; create the tensor "
+              "on the CPU with pin_memory=True and copy it to neuron.");
+  const c10::DeviceGuard guard(target_device(device));
+  return at::detail::empty_generic(size, &caching_allocator(), kNeuronKeys,
+                                   c10::dtype_or_default(dtype), memory_format);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
+                         std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
+                         std::optional<at::Device> device, std::optional<bool> pin_memory) {
+  static OpCounter& counter = op_counter_named("aten::empty_strided");
+  count(counter);
+  const c10::DeviceGuard guard(target_device(device));
+  return at::detail::empty_strided_generic(size, stride, &caching_allocator(), kNeuronKeys,
+                                           c10::dtype_or_default(dtype));
+}
+
+at::Tensor as_strided(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride,
+                      std::optional<int64_t> storage_offset) {
+  static OpCounter& counter = op_counter_named("aten::as_strided");
+  count(counter);
+  return at::native::as_strided_tensorimpl(self, size, stride, storage_offset);
+}
+
+at::Tensor view(const at::Tensor& self, c10::IntArrayRef size) {
+  static OpCounter& counter = op_counter_named("aten::view");
+  count(counter);
+  return at::native::view(self, size);
+}
+
+at::Tensor reshape_alias(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride) {
+  static OpCounter& counter = op_counter_named("aten::_reshape_alias");
+  count(counter);
+  return at::native::_reshape_alias(self, size, stride);
+}
+
+const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
+                          std::optional<at::MemoryFormat> memory_format) {
+  static OpCounter& counter = op_counter_named("aten::resize_");
+  count(counter);
+  auto* impl = self.unsafeGetTensorImpl();
+  if (self.sizes() != size || memory_format.has_value()) {
+    impl->set_sizes_contiguous(size);
+    if (memory_format.has_value()) impl->empty_tensor_restride(*memory_format);
+  }
+  const size_t needed = at::detail::computeStorageNbytes(self.sizes(), self.strides(),
+                                                         self.dtype().itemsize(),
+                                                         static_cast<size_t>(self.storage_offset()));
+  c10::StorageImpl* storage = impl->storage().unsafeGetStorageImpl();
+  if (needed > storage->nbytes()) resize_device_storage(storage, needed);
+  return self;
+}
+
+at::Tensor& set_storage_offset(at::Tensor& self, at::Storage source, int64_t storage_offset,
+                               c10::IntArrayRef size, c10::IntArrayRef stride) {
+  static OpCounter& counter = op_counter_named("aten::set_");
+  count(counter);
+  TORCH_CHECK(source.device().type() == c10::DeviceType::PrivateUse1,
+              "set_: expected a neuron storage for a neuron tensor, got one on ", source.device(),
+              "; move the data with .to('neuron') first.");
+  auto* impl = self.unsafeGetTensorImpl();
+  if (impl->storage().unsafeGetStorageImpl() != source.unsafeGetStorageImpl()) {
+    impl->set_storage_keep_dtype(std::move(source));
+  }
+  if (stride.empty()) {
+    impl->set_sizes_contiguous(size);
+    impl->set_storage_offset(storage_offset);
+  } else {
+    impl->set_sizes_and_strides(size, stride, storage_offset);
+  }
+  return self;
+}
+
+at::Tensor& set_storage(at::Tensor& self, at::Storage source) {
+  const auto numel = static_cast<int64_t>(source.nbytes() / self.dtype().itemsize());
+  return set_storage_offset(self, std::move(source), 0, {numel}, {});
+}
+
+at::Tensor& set_tensor(at::Tensor& self, const at::Tensor& source) {
+  if (self.is_same(source)) return self;
+  return set_storage_offset(self, source.storage(), source.storage_offset(), source.sizes(),
+                            source.strides());
+}
+
+at::Tensor& set_empty(at::Tensor& self) {
+  const c10::DeviceIndex device = self.device().index();
+  return set_storage_offset(self, new_device_storage(0, device), 0, {0}, {});
+}
+
+// Copies between neuron and host tensors (or two neuron devices): both sides are
+// host-addressable, so the host copy kernel does the dtype conversion and striding.
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
+  static OpCounter& counter = op_counter_named("aten::_copy_from");
+  count(counter);
+  HostAliasSet aliases;
+  const at::Tensor src_host = is_device(self) ? aliases.alias(self) : self;
+  const at::Tensor dst_host = is_device(dst) ? aliases.alias(dst) : dst;
+  const c10::DeviceIndex device = is_device(dst) ? dst.device().index() : self.device().index();
+  const DeviceAllocationScope scope(device);
+  const_cast<at::Tensor&>(dst_host).copy_(src_host);
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  if (dst.sizes() != self.sizes()) {
+    if (is_device(dst)) {
+      resize_(dst, self.sizes(), std::nullopt);
+    } else {
+      dst.resize_(self.sizes());
+    }
+  }
+  return copy_from(self, dst, false);
+}
+
+at::Scalar local_scalar_dense(const at::Tensor& self) {
+  static OpCounter& counter = op_counter_named("aten::_local_scalar_dense");
+  count(counter);
+  HostAliasSet aliases;
+  return at::_local_scalar_dense(aliases.alias(self));
+}
+
+// CPU's native_dropout draws from the CPU generator (it has no generator argument); on
+// neuron the mask must come from the device's generator, so it is drawn with bernoulli_.
+std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, double p,
+                                                  std::optional<bool> train) {
+  static OpCounter& counter = op_counter_named("aten::native_dropout");
+  count(counter);
+  if (input.numel() == 0) return {input, at::empty_like(input, input.options().dtype(at::kBool))};
+  if (train.has_value() && !*train) {
+    return {input.clone(), at::ones_like(input, input.options().dtype(at::kBool))};
+  }
+  const double keep = 1.0 - p;
+  const double scale = keep == 0.0 ? 0.0 : 1.0 / keep;
+  at::Tensor noise = at::empty_like(input, at::MemoryFormat::Contiguous);
+  noise.bernoulli_(keep);
+  at::Tensor output = input.mul(noise).mul_(scale);
+  return {output, noise.to(at::kBool)};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
+  m.impl("empty_strided", TORCH_FN(empty_strided));
+  m.impl("as_strided", TORCH_FN(as_strided));
+  m.impl("view", TORCH_FN(view));
+  m.impl("_reshape_alias", TORCH_FN(reshape_alias));
+  m.impl("resize_", TORCH_FN(resize_));
+  m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage_offset));
+  m.impl("set_.source_Storage", TORCH_FN(set_storage));
+  m.impl("set_.source_Tensor", TORCH_FN(set_tensor));
+  m.impl("set_", TORCH_FN(set_empty));
+  m.impl("_copy_from", TORCH_FN(copy_from));
+  m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
+  m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
+  m.impl("native_dropout", TORCH_FN(native_dropout));
+}
+
+}  // namespace torchneuron

@@ -1,0 +1,104 @@
+// torchneuron._C: the functions the Python device module (torch.neuron) is built on.
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/Generator.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <map>
+#include <string>
+
+#include "caching_allocator.h"
+#include "device_state.h"
+#include "generator.h"
+#include "op_tracking.h"
+#include "runtime_status.h"
+
+namespace torchneuron {
+void register_hooks();
+}
+
+namespace py = pybind11;
+
+namespace {
+
+py::dict device_properties(int device) {
+  torchneuron::check_device_index(static_cast<c10::DeviceIndex>(device));
+  nrt_device_properties props{};
+  NEURON_CHECK(nrt_device_get_properties(device, &props));
+  py::dict result;
+  result["name"] = std::string(props.name);
+  result["chip"] = std::string(props.chip->name);
+  result["logical_nc_config"] = props.logical_nc_config;
+  result["physical_core_first"] = props.physical_core_first;
+  result["chip_index"] = props.chip_index;
+  result["hbm_bytes"] = props.hbm_bytes;
+  result["total_memory"] = props.capacity_bytes;
+  result["hbm_bandwidth_bytes_per_s"] = props.hbm_bandwidth_bytes_per_s;
+  result["peak_bf16_flops"] = props.peak_bf16_flops;
+  result["peak_fp32_flops"] = props.peak_fp32_flops;
+  return result;
+}
+
+py::list chip_profiles() {
+  py::list result;
+  for (int i = 0; i < nrt_chip_profile_count(); ++i) {
+    const nrt_chip_profile* p = nrt_chip_profile_at(i);
+    py::dict d;
+    d["name"] = std::string(p->name);
+    d["physical_cores_per_chip"] = p->physical_cores_per_chip;
+    d["default_logical_nc_config"] = p->default_logical_nc_config;
+    d["max_logical_nc_config"] = p->max_logical_nc_config;
+    d["hbm_bytes_per_chip"] = p->hbm_bytes_per_chip;
+    d["hbm_bandwidth_bytes_per_s"] = p->hbm_bandwidth_bytes_per_s;
+    d["peak_bf16_flops_per_chip"] = p->peak_bf16_flops_per_chip;
+    d["peak_fp32_flops_per_chip"] = p->peak_fp32_flops_per_chip;
+    d["sbuf_bytes_per_core"] = p->sbuf_bytes_per_core;
+    result.append(d);
+  }
+  return result;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "torchneuron native extension";
+  torchneuron::register_hooks();
+
+  m.def("_init", [] { NEURON_CHECK(nrt_init()); });
+  m.def("_is_initialized", [] { return nrt_is_initialized() != 0; });
+  m.def("_in_bad_fork", [] { return nrt_in_bad_fork() != 0; });
+  m.def("_device_count", [] { return static_cast<int>(torchneuron::device_count()); });
+  m.def("_current_device", [] { return static_cast<int>(torchneuron::current_device()); });
+  m.def("_set_device",
+        [](int device) { torchneuron::set_device(static_cast<c10::DeviceIndex>(device)); });
+  m.def("_exchange_device", [](int device) {
+    const auto previous = torchneuron::current_device();
+    if (device >= 0) torchneuron::set_device(static_cast<c10::DeviceIndex>(device));
+    return static_cast<int>(previous);
+  });
+  m.def("_get_device_properties", &device_properties);
+  m.def("_chip_profiles", &chip_profiles);
+  m.def("_synchronize", [](int device) {
+    NEURON_CHECK(nrt_device_synchronize(
+        torchneuron::resolve_device_index(static_cast<c10::DeviceIndex>(device))));
+  });
+  m.def("_launch_blocking", [] { return nrt_launch_blocking() != 0; });
+  m.def("_mem_get_info", [](int device) {
+    return torchneuron::caching_allocator().getMemoryInfo(static_cast<c10::DeviceIndex>(device));
+  });
+  m.def("_host_budget", [] {
+    uint64_t used = 0, budget = 0;
+    nrt_host_budget(&used, &budget);
+    return std::make_pair(used, budget);
+  });
+  m.def("_empty_cache", [] { torchneuron::caching_allocator().emptyCache(); });
+  m.def("_default_generator", [](int device) {
+    const at::Generator& generator =
+        torchneuron::default_generator(static_cast<c10::DeviceIndex>(device));
+    return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(generator));
+  });
+  m.def("_executed_ops", [] { return torchneuron::executed_ops(); });
+  m.def("_fallback_ops", [] { return torchneuron::fallback_ops(); });
+  m.def("_clear_op_tracking", [] { torchneuron::clear_op_tracking(); });
+}

@@ -1,0 +1,165 @@
+#include "stream.h"
+
+#include <algorithm>
+#include <string>
+
+#include "env.h"
+#include "error.h"
+#include "runtime_state.h"
+
+namespace nrt {
+namespace {
+// Streams whose task is running on this thread, innermost last.
+thread_local std::vector<const Stream*> t_running;
+}  // namespace
+
+void Stream::enqueue(std::function<void()> task) {
+  std::lock_guard<std::recursive_mutex> exec(exec_mutex_);
+  std::vector<std::pair<std::shared_ptr<Stream>, uint64_t>> waits;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    waits.swap(waits_);
+  }
+  for (const auto& wait : waits) wait.first->wait_reached(wait.second);
+  launched_.fetch_add(1);
+  t_running.push_back(this);
+  struct Finish {  // completes the task even if it throws, so waiters are never stranded
+    Stream* stream;
+    ~Finish() {
+      t_running.pop_back();
+      stream->mark_completed();
+    }
+  } finish{this};
+  task();
+}
+
+void Stream::mark_completed() {
+  std::vector<std::function<void()>> ready;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const uint64_t done = completed_.fetch_add(1) + 1;
+    auto keep = std::partition(reached_hooks_.begin(), reached_hooks_.end(),
+                               [done](const auto& hook) { return hook.first > done; });
+    for (auto it = keep; it != reached_hooks_.end(); ++it) ready.push_back(std::move(it->second));
+    reached_hooks_.erase(keep, reached_hooks_.end());
+  }
+  for (auto& callback : ready) callback();
+  completed_cv_.notify_all();
+}
+
+void Stream::add_wait(std::shared_ptr<Stream> source, uint64_t target) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  waits_.emplace_back(std::move(source), target);
+}
+
+void Stream::when_reached(uint64_t target, std::function<void()> callback) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (completed_.load() < target) {
+      reached_hooks_.emplace_back(target, std::move(callback));
+      return;
+    }
+  }
+  callback();
+}
+
+void Stream::wait_reached(uint64_t target) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  completed_cv_.wait(lock, [&] { return completed_.load() >= target; });
+}
+
+bool Stream::running_on_this_thread() const {
+  return std::find(t_running.begin(), t_running.end(), this) != t_running.end();
+}
+
+StreamSet::StreamSet() { streams_.push_back(std::make_shared<Stream>(0)); }
+
+nrt_status StreamSet::create(int priority, const char* label, int* out_index) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (streams_.size() >= static_cast<size_t>(kMaxStreams)) {
+    return fail(NRT_INVALID_ARGUMENT, std::string("nrt_stream_create: ") + label + " already has " +
+                                          std::to_string(kMaxStreams) +
+                                          " streams, the most a device can have");
+  }
+  streams_.push_back(std::make_shared<Stream>(priority));
+  *out_index = static_cast<int>(streams_.size() - 1);
+  return NRT_SUCCESS;
+}
+
+std::shared_ptr<Stream> StreamSet::get(int index) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (index < 0 || static_cast<size_t>(index) >= streams_.size()) return nullptr;
+  return streams_[static_cast<size_t>(index)];
+}
+
+std::vector<std::shared_ptr<Stream>> StreamSet::all() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return streams_;
+}
+
+int StreamSet::size() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<int>(streams_.size());
+}
+
+}  // namespace nrt
+
+namespace {
+
+nrt_status refuse_self_wait(const char* call, int device, int stream) {
+  return nrt::fail(NRT_INVALID_ARGUMENT, std::string(call) + " was called from a task running on " +
+                                             nrt::device_label(device) + " stream " +
+                                             std::to_string(stream) +
+                                             "; it would wait for itself forever");
+}
+
+}  // namespace
+
+extern "C" nrt_status nrt_stream_create(int device, int priority, int* out_stream) {
+  if (out_stream == nullptr) {
+    return nrt::fail(NRT_INVALID_ARGUMENT, "nrt_stream_create: out_stream is NULL");
+  }
+  nrt::Device* dev = nullptr;
+  if (nrt_status status = nrt::lookup_device(device, &dev)) return status;
+  return dev->streams.create(priority, dev->label.c_str(), out_stream);
+}
+
+extern "C" nrt_status nrt_stream_launch(int device, int stream, nrt_task_fn fn, void* arg) {
+  if (fn == nullptr) return nrt::fail(NRT_INVALID_ARGUMENT, "nrt_stream_launch: fn is NULL");
+  std::shared_ptr<nrt::Stream> s;
+  if (nrt_status status = nrt::lookup_stream(device, stream, &s)) return status;
+  s->enqueue([fn, arg] { fn(arg); });
+  return NRT_SUCCESS;
+}
+
+extern "C" nrt_status nrt_stream_synchronize(int device, int stream) {
+  std::shared_ptr<nrt::Stream> s;
+  if (nrt_status status = nrt::lookup_stream(device, stream, &s)) return status;
+  if (s->running_on_this_thread())
+    return refuse_self_wait("nrt_stream_synchronize", device, stream);
+  s->synchronize();
+  return NRT_SUCCESS;
+}
+
+extern "C" nrt_status nrt_stream_query(int device, int stream) {
+  std::shared_ptr<nrt::Stream> s;
+  if (nrt_status status = nrt::lookup_stream(device, stream, &s)) return status;
+  return s->idle() ? NRT_SUCCESS : NRT_NOT_READY;
+}
+
+extern "C" nrt_status nrt_device_synchronize(int device) {
+  nrt::Device* dev = nullptr;
+  if (nrt_status status = nrt::lookup_device(device, &dev)) return status;
+  const auto streams = dev->streams.all();
+  for (size_t i = 0; i < streams.size(); ++i) {
+    if (streams[i]->running_on_this_thread()) {
+      return refuse_self_wait("nrt_device_synchronize", device, static_cast<int>(i));
+    }
+  }
+  for (const auto& s : streams) s->synchronize();
+  return NRT_SUCCESS;
+}
+
+extern "C" int nrt_launch_blocking(void) {
+  return nrt::trim(nrt::get_env("NEURON_LAUNCH_BLOCKING").value_or("")) == "1" ? 1 : 0;
+}

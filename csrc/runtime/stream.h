@@ -1,0 +1,73 @@
+// In-order work queues. A Stream counts launched and completed tasks; events and waits refer
+// to positions in that count. The current implementation is blocking: enqueue() runs the
+// task on the caller's thread. An asynchronous worker can replace enqueue()'s body later
+// without changing anything outside this class.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "neuron_runtime.h"
+
+namespace nrt {
+
+class Stream {
+ public:
+  explicit Stream(int priority) : priority_(priority) {}
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  int priority() const { return priority_; }
+  uint64_t launched() const { return launched_.load(); }
+  uint64_t completed() const { return completed_.load(); }
+  bool idle() const { return completed() == launched(); }
+
+  // Runs `task` after all earlier work on this stream and after every pending event wait.
+  void enqueue(std::function<void()> task);
+  // Later tasks first wait until `source` has completed `target` tasks.
+  void add_wait(std::shared_ptr<Stream> source, uint64_t target);
+  // Calls `callback` once `target` tasks have completed (immediately if they have).
+  void when_reached(uint64_t target, std::function<void()> callback);
+  // Blocks until `target` tasks have completed.
+  void wait_reached(uint64_t target);
+  // Blocks until all work launched so far has completed.
+  void synchronize() { wait_reached(launched()); }
+  // True while a task of this stream runs on the calling thread (waiting would deadlock).
+  bool running_on_this_thread() const;
+
+ private:
+  void mark_completed();
+
+  const int priority_;
+  std::atomic<uint64_t> launched_{0};
+  std::atomic<uint64_t> completed_{0};  // written under mutex_
+  std::recursive_mutex exec_mutex_;     // serialises tasks (recursive: tasks may launch)
+  std::mutex mutex_;
+  std::condition_variable completed_cv_;
+  std::vector<std::pair<std::shared_ptr<Stream>, uint64_t>> waits_;        // guarded by mutex_
+  std::vector<std::pair<uint64_t, std::function<void()>>> reached_hooks_;  // guarded by mutex_
+};
+
+// The streams of one device, addressed by index; index 0 is the default stream.
+class StreamSet {
+ public:
+  static constexpr int kMaxStreams = 1024;
+  StreamSet();
+  // NRT_INVALID_ARGUMENT once kMaxStreams streams exist; `label` names the device.
+  nrt_status create(int priority, const char* label, int* out_index);
+  std::shared_ptr<Stream> get(int index) const;  // nullptr if unknown
+  std::vector<std::shared_ptr<Stream>> all() const;
+  int size() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<std::shared_ptr<Stream>> streams_;
+};
+
+}  // namespace nrt

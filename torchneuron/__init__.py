@@ -1,0 +1,35 @@
+"""torchneuron: the ``neuron`` device for PyTorch.
+
+Importing this package (PyTorch does it through the ``torch.backends`` entry point, so
+``import torch`` is enough) registers the device: ``torch.device("neuron")``,
+``torch.neuron``, ``Tensor.neuron()``, ``Module.neuron()`` and ``torch.accelerator``.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+_registered = False
+
+
+def _register() -> None:
+    global _registered
+    if _registered:
+        return
+    import torch
+
+    from . import _C  # noqa: F401  (loads the C++ backend: hooks, guard, allocator, kernels)
+    from . import neuron as device_module
+
+    torch.utils.rename_privateuse1_backend("neuron")
+    torch._register_device_module("neuron", device_module)
+    torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
+    _registered = True
+
+
+def _autoload() -> None:
+    """Entry point PyTorch calls at ``import torch`` (``torch.backends`` group)."""
+    _register()
+
+
+_register()
