@@ -16,8 +16,12 @@ def _register() -> None:
     global _registered
     if _registered:
         return
+    # Importing torch may itself autoload this package (torch.backends entry point) and
+    # register the device before we get here.
     import torch
 
+    if _registered:
+        return
     from . import _C  # noqa: F401  (loads the C++ backend: hooks, guard, allocator, kernels)
     from . import neuron as device_module
 

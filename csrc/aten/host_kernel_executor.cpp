@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "allocation_redirect.h"
+#include "caching_allocator.h"
 #include "device_state.h"
 #include "generator.h"
 #include "host_alias.h"
@@ -159,17 +160,29 @@ class ResultAdopter {
     for (const auto& [seen, storage] : adopted_) {
       if (seen == key) return device_tensor_on(storage, host);
     }
-    c10::Storage storage = adopt_device_memory(key, device_);
-    if (!storage) {
-      storage = new_device_storage(key->nbytes(), device_);
-      if (key->nbytes() > 0) {
-        // The kernel returned memory that is not device memory: copy it in, and say so.
-        std::memcpy(storage.mutable_data(), key->data(), key->nbytes());
-        counter_.fallback.fetch_add(1, std::memory_order_relaxed);
-      }
-    }
+    c10::Storage storage = new_device_storage(0, device_);
+    move_into(storage.unsafeGetStorageImpl(), key);
     adopted_.emplace_back(key, storage);
     return device_tensor_on(std::move(storage), host);
+  }
+
+  // Gives `target` (a neuron storage) the memory of `host` (a host kernel's storage):
+  // moved if it is device memory, else copied and counted as a fallback.
+  void move_into(c10::StorageImpl* target, c10::StorageImpl* host) {
+    const size_t nbytes = host->nbytes();
+    c10::Storage adopted = adopt_device_memory(host, device_);
+    if (adopted) {
+      target->set_data_ptr_noswap(adopted.unsafeGetStorageImpl()->set_data_ptr(c10::DataPtr()));
+    } else {
+      c10::DataPtr fresh = caching_allocator().allocate_on(device_, nbytes);
+      if (nbytes > 0) {
+        // The kernel produced memory that is not device memory: copy it in, and say so.
+        std::memcpy(fresh.get(), host->data(), nbytes);
+        counter_.fallback.fetch_add(1, std::memory_order_relaxed);
+      }
+      target->set_data_ptr_noswap(std::move(fresh));
+    }
+    target->set_nbytes(nbytes);
   }
 
  private:
@@ -181,20 +194,21 @@ class ResultAdopter {
 
 // After an in-place or out= kernel, carries a reallocation or reshape of the alias over to
 // the neuron tensor it stands for.
-void write_back(const at::Tensor& device, const at::Tensor& host, ResultAdopter& adopter) {
+void write_back(const at::Tensor& device, const at::Tensor& host, const HostAliasSet& aliases,
+                ResultAdopter& adopter) {
   auto* impl = device.unsafeGetTensorImpl();
-  const c10::Storage& device_storage = impl->storage();
-  const c10::Storage& host_storage = host.storage();
-  if (host_storage.data() != device_storage.data()) {
-    at::Tensor moved = adopter.adopt(host);
-    if (moved.storage().unsafeGetStorageImpl() != device_storage.unsafeGetStorageImpl()) {
-      // The kernel reallocated: the neuron storage (shared by every view) takes the memory.
-      c10::StorageImpl* target = device_storage.unsafeGetStorageImpl();
-      c10::StorageImpl* source = moved.storage().unsafeGetStorageImpl();
-      const size_t nbytes = source->nbytes();
-      target->set_data_ptr_noswap(source->set_data_ptr(c10::DataPtr()));
-      target->set_nbytes(nbytes);
+  c10::StorageImpl* device_storage = impl->storage().unsafeGetStorageImpl();
+  c10::StorageImpl* host_storage = host.storage().unsafeGetStorageImpl();
+  const c10::Storage* stands_for = aliases.device_storage_for(host_storage);
+  if (stands_for != nullptr && stands_for->unsafeGetStorageImpl() == device_storage) {
+    if (host_storage->data() != device_storage->data()) {
+      // The kernel grew the alias's storage: the neuron storage, shared by every view of it,
+      // takes over the new memory.
+      adopter.move_into(device_storage, host_storage);
     }
+  } else {
+    // The kernel pointed the alias at other memory (set_): follow it.
+    impl->set_storage_keep_dtype(adopter.adopt(host).storage());
   }
   if (device.sizes() != host.sizes() || device.strides() != host.strides() ||
       device.storage_offset() != host.storage_offset()) {
@@ -275,7 +289,9 @@ void run_on_host_kernels(const c10::OperatorHandle& op, torch::jit::Stack* stack
   }
 
   ResultAdopter adopter(aliases, device, *plan.counter);
-  for (const auto& [device_tensor, alias] : written) write_back(device_tensor, alias, adopter);
+  for (const auto& [device_tensor, alias] : written) {
+    write_back(device_tensor, alias, aliases, adopter);
+  }
   const size_t num_returns = schema.returns().size();
   const size_t returns_first = stack->size() - num_returns;
   for (size_t j = 0; j < num_returns; ++j) {

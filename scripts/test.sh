@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The whole test suite: runtime C++ tests (GoogleTest/CTest), lint, and pytest.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+"$ROOT/scripts/bootstrap.sh"
+cd "$ROOT"
+PY="$ROOT/.venv/bin/python"
+say() { echo "[test] $*"; }
+
+if [ ! -f /usr/include/gtest/gtest.h ]; then
+  say "installing GoogleTest (Debian package libgtest-dev)"
+  if [ "$(id -u)" = 0 ]; then apt-get install -y -q libgtest-dev >/dev/null; else sudo apt-get install -y -q libgtest-dev >/dev/null; fi
+fi
+say "runtime C++ tests"
+launcher=()
+command -v ccache >/dev/null 2>&1 && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+"$ROOT/.venv/bin/cmake" -S tests/cpp -B build/cpp-tests -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_MAKE_PROGRAM="$ROOT/.venv/bin/ninja" "${launcher[@]}" >/dev/null
+"$ROOT/.venv/bin/cmake" --build build/cpp-tests -j2
+"$ROOT/.venv/bin/ctest" --test-dir build/cpp-tests --output-on-failure -j2 | tail -n 3
+
+say "lint (ruff, clang-format)"
+"$ROOT/.venv/bin/ruff" check torchneuron compat tests benchmarks
+find csrc tests/cpp -name '*.cpp' -o -name '*.h' | xargs "$ROOT/.venv/bin/clang-format" --dry-run -Werror
+
+say "pytest"
+"$PY" -m pytest tests -q "$@"
