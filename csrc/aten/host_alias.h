@@ -4,6 +4,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/SmallVector.h>
 
 #include <utility>
 #include <vector>
@@ -20,7 +21,7 @@ class HostAliasSet {
   const c10::Storage* host_storage_for(const c10::StorageImpl* device_storage) const;
 
  private:
-  std::vector<std::pair<c10::Storage, c10::Storage>> storages_;  // (device, host)
+  c10::SmallVector<std::pair<c10::Storage, c10::Storage>, 4> storages_;  // (device, host)
 };
 
 // A neuron tensor with `storage` and the geometry (and conj/neg bits) of `like`.

@@ -7,6 +7,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/op_registration/op_registration.h>
 #include <c10/core/StorageImpl.h>
+#include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
 #include <cstring>
@@ -32,6 +33,7 @@ struct OpPlan {
   std::vector<bool> allows_host;    // per argument: CPU tensors accepted (indices)
   std::vector<bool> is_written;     // per argument: mutated in place (Tensor(a!))
   std::vector<int> return_aliases;  // per return: index of the argument it returns, or -1
+  bool returns_arguments = false;   // any return_aliases[j] >= 0
   std::string name;
 };
 
@@ -66,6 +68,7 @@ std::unique_ptr<OpPlan> make_plan(const c10::FunctionSchema& schema) {
       }
     }
     plan->return_aliases.push_back(alias_of);
+    plan->returns_arguments = plan->returns_arguments || alias_of >= 0;
   }
   plan->counter = &op_counter(&schema, plan->name);
   return plan;
@@ -151,7 +154,7 @@ class ResultAdopter {
   ResultAdopter(const HostAliasSet& aliases, c10::DeviceIndex device, OpCounter& counter)
       : aliases_(aliases), device_(device), counter_(counter) {}
 
-  at::Tensor adopt(const at::Tensor& host) {
+  at::Tensor adopt(at::Tensor host) {
     if (!host.defined() || !host.device().is_cpu()) return host;
     c10::StorageImpl* key = host.storage().unsafeGetStorageImpl();
     if (const c10::Storage* input = aliases_.device_storage_for(key)) {
@@ -160,8 +163,24 @@ class ResultAdopter {
     for (const auto& [seen, storage] : adopted_) {
       if (seen == key) return device_tensor_on(storage, host);
     }
-    c10::Storage storage = new_device_storage(0, device_);
-    move_into(storage.unsafeGetStorageImpl(), key);
+    if (host.use_count() == 1 && host.storage().use_count() == 1 &&
+        CachingAllocator::owns(key->data_ptr())) {
+      // The common case: a fresh result nobody else holds, born in device memory. It turns
+      // into a neuron tensor in place, without new tensor or storage objects.
+      const c10::Device where(c10::DeviceType::PrivateUse1, device_);
+      key->mutable_data_ptr().unsafe_set_device(where);
+      auto* impl = host.unsafeGetTensorImpl();
+      impl->set_storage_keep_dtype(host.storage());
+      impl->_change_backend_component_keys(where);
+      adopted_.emplace_back(key, host.storage());
+      return host;
+    }
+    const size_t nbytes = key->nbytes();
+    c10::Storage storage = adopt_device_memory(key, device_);
+    if (!storage) {
+      storage = new_device_storage(0, device_);
+      move_into(storage.unsafeGetStorageImpl(), key, nbytes);
+    }
     adopted_.emplace_back(key, storage);
     return device_tensor_on(std::move(storage), host);
   }
@@ -169,7 +188,10 @@ class ResultAdopter {
   // Gives `target` (a neuron storage) the memory of `host` (a host kernel's storage):
   // moved if it is device memory, else copied and counted as a fallback.
   void move_into(c10::StorageImpl* target, c10::StorageImpl* host) {
-    const size_t nbytes = host->nbytes();
+    move_into(target, host, host->nbytes());
+  }
+
+  void move_into(c10::StorageImpl* target, c10::StorageImpl* host, size_t nbytes) {
     c10::Storage adopted = adopt_device_memory(host, device_);
     if (adopted) {
       target->set_data_ptr_noswap(adopted.unsafeGetStorageImpl()->set_data_ptr(c10::DataPtr()));
@@ -189,7 +211,7 @@ class ResultAdopter {
   const HostAliasSet& aliases_;
   c10::DeviceIndex device_;
   OpCounter& counter_;
-  std::vector<std::pair<c10::StorageImpl*, c10::Storage>> adopted_;
+  c10::SmallVector<std::pair<c10::StorageImpl*, c10::Storage>, 4> adopted_;
 };
 
 // After an in-place or out= kernel, carries a reallocation or reshape of the alias over to
@@ -240,12 +262,12 @@ void run_on_host_kernels(const c10::OperatorHandle& op, torch::jit::Stack* stack
   const c10::DeviceIndex device = resolver.finish();
 
   HostAliasSet aliases;
-  std::vector<std::pair<at::Tensor, at::Tensor>> written;  // (neuron tensor, its alias)
+  c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 2> written;  // (neuron tensor, alias)
   std::vector<c10::IValue> originals;                      // arguments returned as results
-  originals.reserve(num_args);
+  if (plan.returns_arguments) originals.reserve(num_args);
   for (size_t i = 0; i < num_args; ++i) {
     c10::IValue& value = (*stack)[first + i];
-    originals.push_back(value);
+    if (plan.returns_arguments) originals.push_back(value);
     if (value.isTensor()) {
       const at::Tensor& t = value.toTensor();
       if (is_device(t)) {
@@ -300,7 +322,7 @@ void run_on_host_kernels(const c10::OperatorHandle& op, torch::jit::Stack* stack
     if (alias_of >= 0) {
       value = originals[static_cast<size_t>(alias_of)];
     } else if (value.isTensor()) {
-      value = adopter.adopt(value.toTensor());
+      value = adopter.adopt(std::move(value).toTensor());
     } else if (value.isTensorList()) {
       c10::List<at::Tensor> converted;
       for (const at::Tensor& t : value.toTensorList()) converted.push_back(adopter.adopt(t));
@@ -314,6 +336,34 @@ void run_on_host_kernels(const c10::OperatorHandle& op, torch::jit::Stack* stack
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&run_on_host_kernels>());
+}
+
+void register_direct_host_kernels() {
+  // Structured ops (add, mul, ...) reach a backend without its own kernel through a generic
+  // kernel that runs the op's shape inference, allocates, and calls the out= variant, whose
+  // host kernel then runs shape inference again. Sending the functional and in-place
+  // variants straight to their host kernels does that work once.
+  static std::unique_ptr<torch::Library> library = [] {
+    auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
+                                                c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+    auto& dispatcher = c10::Dispatcher::singleton();
+    for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
+      if (name.name.rfind("aten::", 0) != 0) continue;
+      auto op = dispatcher.findOp(name);
+      if (!op.has_value() ||
+          !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
+          op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
+          !op->hasKernelForDispatchKey(c10::DispatchKey::CPU)) {
+        continue;
+      }
+      std::string qualified = name.name.substr(6);
+      if (!name.overload_name.empty()) qualified += "." + name.overload_name;
+      lib->impl(qualified.c_str(),
+                torch::CppFunction::makeFromBoxedFunction<&run_on_host_kernels>());
+    }
+    return lib;
+  }();
+  (void)library;
 }
 
 }  // namespace torchneuron

@@ -16,7 +16,8 @@
 
 namespace torchneuron {
 void register_hooks();
-}
+void register_direct_host_kernels();
+}  // namespace torchneuron
 
 namespace py = pybind11;
 
@@ -64,6 +65,7 @@ py::list chip_profiles() {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torchneuron native extension";
   torchneuron::register_hooks();
+  torchneuron::register_direct_host_kernels();
 
   m.def("_init", [] { NEURON_CHECK(nrt_init()); });
   m.def("_is_initialized", [] { return nrt_is_initialized() != 0; });
