@@ -1,0 +1,103 @@
+"""Shared helpers for the torchneuron test suite.
+
+The in-process tests run with the default topology (trn2, LNC=2: four neuron devices) and the
+default host-memory budget; tests that need another configuration run Python in a subprocess
+with their own environment (``run_python``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+# The topology and budget are read when the runtime initialises (lazily, on first use), so
+# clearing them here, before any test touches the device, pins the in-process configuration.
+_CONFIG_VARIABLES = (
+    "NEURON_PLATFORM_TARGET_OVERRIDE",
+    "NEURON_LOGICAL_NC_CONFIG",
+    "NEURON_RT_VISIBLE_CORES",
+    "NEURON_LAUNCH_BLOCKING",
+    "TORCHNEURON_HOST_MEMORY_BUDGET",
+    "TORCHNEURON_CHIPS",
+    "TORCH_DEVICE_BACKEND_AUTOLOAD",
+)
+for _name in _CONFIG_VARIABLES:
+    os.environ.pop(_name, None)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+SUBPROCESS_TIMEOUT = 120
+
+
+def clean_env(**overrides: str) -> dict[str, str]:
+    """The current environment without neuron configuration, plus `overrides`."""
+    env = {k: v for k, v in os.environ.items() if k not in _CONFIG_VARIABLES}
+    env.update(overrides)
+    return env
+
+
+def run_python(
+    code: str, env: dict[str, str] | None = None, cwd: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Runs `code` with this interpreter in a fresh process (clean neuron configuration)."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=clean_env(**(env or {})),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_TIMEOUT,
+    )
+
+
+class Pending:
+    """A Python subprocess started by `start_python`; `result()` waits for it."""
+
+    def __init__(self, code: str, env: dict[str, str] | None = None) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(code)],
+            env=clean_env(**(env or {})),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self._result: subprocess.CompletedProcess[str] | None = None
+
+    def result(self) -> subprocess.CompletedProcess[str]:
+        if self._result is None:
+            try:
+                out, err = self.process.communicate(timeout=SUBPROCESS_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                out, err = self.process.communicate()
+                err += f"\n[killed after {SUBPROCESS_TIMEOUT} s]"
+            self._result = subprocess.CompletedProcess(
+                self.process.args, self.process.returncode, out, err
+            )
+        return self._result
+
+
+def start_python(code: str, env: dict[str, str] | None = None) -> Pending:
+    """Starts `code` in a fresh interpreter now (so several can run at once)."""
+    return Pending(code, env)
+
+
+def start_all(scripts: dict[str, tuple[str, dict[str, str]]]) -> dict[str, Pending]:
+    """Starts every (code, env) of `scripts` concurrently, keyed like `scripts`."""
+    return {key: start_python(code, env) for key, (code, env) in scripts.items()}
+
+
+def describe(result: subprocess.CompletedProcess[str]) -> str:
+    return f"exit {result.returncode}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
+
+
+@pytest.fixture(autouse=True)
+def _restore_current_device_and_stream():
+    """Every test starts and ends on neuron:0 with its default stream current."""
+    torch.neuron.set_device(0)
+    yield
+    torch.neuron.set_device(0)
+    torch.neuron.set_stream(torch.neuron.default_stream(0))
