@@ -24,12 +24,12 @@ using c10::CachingDeviceAllocator::DeviceStats;
 using c10::CachingDeviceAllocator::StatArray;
 using c10::CachingDeviceAllocator::StatType;
 
-constexpr size_t kMinBlockSize = 512;            // every size is rounded up to this
-constexpr size_t kSmallSize = 1 << 20;           // requests up to 1 MiB use the small pool
-constexpr size_t kSmallSegment = 2 << 20;        // small-pool segments are 2 MiB
-constexpr size_t kMediumSegment = 20 << 20;      // requests below 10 MiB share 20 MiB segments
-constexpr size_t kMinLargeAlloc = 10 << 20;      // larger requests get their own segment
-constexpr size_t kLargeRounding = 2 << 20;       // ... rounded up to 2 MiB
+constexpr size_t kMinBlockSize = 512;        // every size is rounded up to this
+constexpr size_t kSmallSize = 1 << 20;       // requests up to 1 MiB use the small pool
+constexpr size_t kSmallSegment = 2 << 20;    // small-pool segments are 2 MiB
+constexpr size_t kMediumSegment = 20 << 20;  // requests below 10 MiB share 20 MiB segments
+constexpr size_t kMinLargeAlloc = 10 << 20;  // larger requests get their own segment
+constexpr size_t kLargeRounding = 2 << 20;   // ... rounded up to 2 MiB
 
 struct Block {
   c10::DeviceIndex device;
@@ -218,7 +218,8 @@ class DeviceCache {
                      " is in use; PyTorch has ", format_bytes(allocated),
                      " allocated in tensors and ", format_bytes(reserved - allocated),
                      " cached but unused by the caching allocator. The process-wide host "
-                     "budget is ", format_bytes(budget), " (", format_bytes(budget_used),
+                     "budget is ",
+                     format_bytes(budget), " (", format_bytes(budget_used),
                      " used; set TORCHNEURON_HOST_MEMORY_BUDGET to change it). Free tensors, "
                      "call torch.neuron.empty_cache(), or reduce the batch size or sequence "
                      "length. Runtime: ",
@@ -415,8 +416,7 @@ void CachingAllocator::recordStream(const c10::DataPtr& ptr, c10::Stream stream)
   TORCH_INTERNAL_ASSERT(known, "recordStream on a pointer the neuron allocator does not own");
 }
 
-c10::CachingDeviceAllocator::DeviceStats CachingAllocator::getDeviceStats(
-    c10::DeviceIndex device) {
+c10::CachingDeviceAllocator::DeviceStats CachingAllocator::getDeviceStats(c10::DeviceIndex device) {
   return cache_for(resolve_device_index(device)).stats();
 }
 

@@ -62,10 +62,9 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   void record(void** event, const c10::Stream& stream, const c10::DeviceIndex device_index,
               const c10::EventFlag flag) const override {
-    TORCH_CHECK(device_index == -1 || device_index == stream.device_index(),
-                "Event device index ", static_cast<int>(device_index),
-                " does not match the recording stream's device ", stream.device(),
-                "; record the event on a stream of its own device.");
+    TORCH_CHECK(device_index == -1 || device_index == stream.device_index(), "Event device index ",
+                static_cast<int>(device_index), " does not match the recording stream's device ",
+                stream.device(), "; record the event on a stream of its own device.");
     if (*event == nullptr) {
       nrt_event_t created = nullptr;
       // BACKEND_DEFAULT is what torch.Event(enable_timing=True) asks for.
@@ -74,8 +73,8 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
       NEURON_CHECK(nrt_event_create(flags, &created));
       *event = created;
     }
-    NEURON_CHECK(nrt_event_record(as_event(*event), stream.device_index(),
-                                  static_cast<int>(stream.id())));
+    NEURON_CHECK(
+        nrt_event_record(as_event(*event), stream.device_index(), static_cast<int>(stream.id())));
   }
 
   void block(void* event, const c10::Stream& stream) const override {
@@ -117,7 +116,8 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     caching_allocator().recordStream(data_ptr, stream);
   }
 
-  double elapsedTime(void* start, void* end, const c10::DeviceIndex /*device_index*/) const override {
+  double elapsedTime(void* start, void* end,
+                     const c10::DeviceIndex /*device_index*/) const override {
     TORCH_CHECK(start != nullptr && end != nullptr,
                 "Both events must be recorded before measuring elapsed time.");
     double ms = 0.0;

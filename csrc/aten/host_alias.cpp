@@ -33,9 +33,9 @@ at::Tensor HostAliasSet::alias(const at::Tensor& device_tensor) {
   if (host == nullptr) {
     void* data = const_cast<void*>(device_storage.data());
     // Non-owning: the neuron storage keeps the memory alive for the whole op.
-    c10::Storage created = make_storage(device_storage.nbytes(),
-                                        c10::DataPtr(data, c10::Device(c10::DeviceType::CPU)),
-                                        redirecting_cpu_allocator());
+    c10::Storage created =
+        make_storage(device_storage.nbytes(), c10::DataPtr(data, c10::Device(c10::DeviceType::CPU)),
+                     redirecting_cpu_allocator());
     storages_.emplace_back(device_storage, std::move(created));
     host = &storages_.back().second;
   }

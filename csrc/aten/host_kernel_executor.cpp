@@ -107,9 +107,10 @@ class DeviceResolver {
       } else {
         TORCH_CHECK(index == device_,
                     "Expected all tensors to be on the same device, but found at least two "
-                    "devices, neuron:", static_cast<int>(device_), " and neuron:",
-                    static_cast<int>(index), "! (argument '", schema_.arguments()[arg].name(),
-                    "' of ", plan_.name, "). Move them to one device with .to('neuron:N').");
+                    "devices, neuron:",
+                    static_cast<int>(device_), " and neuron:", static_cast<int>(index),
+                    "! (argument '", schema_.arguments()[arg].name(), "' of ", plan_.name,
+                    "). Move them to one device with .to('neuron:N').");
       }
     } else if (t.device().is_cpu()) {
       if (t.dim() == 0 || plan_.allows_host[arg]) return;  // CPU scalars are fine, as on CUDA
@@ -134,7 +135,8 @@ class DeviceResolver {
                 "tensors.");
     TORCH_CHECK(saw_host_arg_ < 0,
                 "Expected all tensors to be on the same device, but found at least two devices, "
-                "neuron:", static_cast<int>(device_), " and cpu! (argument '",
+                "neuron:",
+                static_cast<int>(device_), " and cpu! (argument '",
                 schema_.arguments()[saw_host_arg_].name(), "' of ", plan_.name,
                 "). Move the CPU tensor to the device with .to('neuron'), or the neuron "
                 "tensors to the host with .cpu().");
@@ -263,7 +265,7 @@ void run_on_host_kernels(const c10::OperatorHandle& op, torch::jit::Stack* stack
 
   HostAliasSet aliases;
   c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 2> written;  // (neuron tensor, alias)
-  std::vector<c10::IValue> originals;                      // arguments returned as results
+  std::vector<c10::IValue> originals;                              // arguments returned as results
   if (plan.returns_arguments) originals.reserve(num_args);
   for (size_t i = 0; i < num_args; ++i) {
     c10::IValue& value = (*stack)[first + i];

@@ -2,11 +2,11 @@
 // views and metadata changes on the device tensor itself, copies across the host/device
 // boundary, scalar reads, and dropout (which must draw from the neuron generator).
 // Everything else goes through host_kernel_executor.cpp.
+#include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/view_native.h>
-#include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
@@ -34,12 +34,13 @@ c10::Device target_device(std::optional<c10::Device> device) {
 }
 
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
-                               std::optional<at::Layout> layout,
-                               std::optional<at::Device> device, std::optional<bool> pin_memory,
+                               std::optional<at::Layout> layout, std::optional<at::Device> device,
+                               std::optional<bool> pin_memory,
                                std::optional<at::MemoryFormat> memory_format) {
   static OpCounter& counter = op_counter_named("aten::empty.memory_format");
   count(counter);
-  TORCH_CHECK(!pin_memory.value_or(false), "Only CPU tensors can be pinned; create the tensor "
+  TORCH_CHECK(!pin_memory.value_or(false),
+              "Only CPU tensors can be pinned; create the tensor "
               "on the CPU with pin_memory=True and copy it to neuron.");
   const c10::DeviceGuard guard(target_device(device));
   return at::detail::empty_generic(size, &caching_allocator(), kNeuronKeys,
@@ -84,9 +85,9 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
     impl->set_sizes_contiguous(size);
     if (memory_format.has_value()) impl->empty_tensor_restride(*memory_format);
   }
-  const size_t needed = at::detail::computeStorageNbytes(self.sizes(), self.strides(),
-                                                         self.dtype().itemsize(),
-                                                         static_cast<size_t>(self.storage_offset()));
+  const size_t needed =
+      at::detail::computeStorageNbytes(self.sizes(), self.strides(), self.dtype().itemsize(),
+                                       static_cast<size_t>(self.storage_offset()));
   c10::StorageImpl* storage = impl->storage().unsafeGetStorageImpl();
   if (needed > storage->nbytes()) resize_device_storage(storage, needed);
   return self;

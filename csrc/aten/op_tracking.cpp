@@ -29,7 +29,6 @@ OpCounter& insert(Registry& r, const void* key, const std::string& name) {
   return *raw;
 }
 
-
 template <typename Field>
 std::map<std::string, uint64_t> collect(Field field) {
   Registry& r = registry();

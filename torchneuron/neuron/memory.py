@@ -98,7 +98,9 @@ def memory_summary(device: DeviceLike = None, abbreviated: bool = False) -> str:
     for label, key, is_bytes in rows:
         for pool in pools:
             fmt = _format_size if is_bytes else str
-            values = [stats.get(f"{key}.{pool}.{m}", 0) for m in ("current", "peak", "allocated", "freed")]
+            values = [
+                stats.get(f"{key}.{pool}.{m}", 0) for m in ("current", "peak", "allocated", "freed")
+            ]
             name = label if pool == "all" else f"  from {pool}"
             lines.append(f"{name:<24}" + "".join(f"{fmt(v):>14}" for v in values))
     lines.append("-" * len(header))

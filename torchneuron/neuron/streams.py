@@ -47,7 +47,9 @@ def _wrap(stream: torch.Stream) -> Stream:
 
 def current_stream(device: DeviceLike = None) -> Stream:
     _lazy_init()
-    return _wrap(torch.accelerator.current_stream(torch.device("neuron", _get_device_index(device))))
+    return _wrap(
+        torch.accelerator.current_stream(torch.device("neuron", _get_device_index(device)))
+    )
 
 
 def default_stream(device: DeviceLike = None) -> Stream:
