@@ -376,6 +376,8 @@ c10::DataPtr CachingAllocator::allocate(size_t nbytes) {
 }
 
 c10::DataPtr CachingAllocator::allocate_on(c10::DeviceIndex device, size_t nbytes) {
+  // A forked child inherits the parent's cached blocks; it must not use them.
+  if (C10_UNLIKELY(nrt_in_bad_fork())) NEURON_CHECK(NRT_FORKED_CHILD);
   const c10::Device where(c10::DeviceType::PrivateUse1, device);
   if (nbytes == 0) {
     check_device_index(device);

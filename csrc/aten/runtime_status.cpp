@@ -16,6 +16,11 @@ void throw_runtime_error(nrt_status status, const char* call) {
       TORCH_CHECK_WITH(OutOfMemoryError, false, message);
     case NRT_INVALID_ARGUMENT:
       TORCH_CHECK_VALUE(false, message);
+    case NRT_FORKED_CHILD:
+      TORCH_CHECK(false,
+                  "Cannot use neuron in a forked subprocess: the parent process initialised "
+                  "the Neuron runtime before fork(). Use the 'spawn' start method "
+                  "(torch.multiprocessing.set_start_method('spawn')).");
     default:
       TORCH_CHECK(false, message);
   }
