@@ -350,3 +350,59 @@ def test_default_budget_caps_in_process_capacity():
     free, total = torch.neuron.mem_get_info(0)
     assert total == min(24 * GiB, budget)
     assert total == torch.neuron.get_device_properties(0).total_memory
+
+
+def test_accelerator_device_capability():
+    capability = torch.accelerator.get_device_capability()
+    assert capability == torch.neuron.get_device_capability()
+    dtypes = set(capability["supported_dtypes"])
+    assert {torch.float32, torch.bfloat16, torch.float16, torch.int64} <= dtypes
+    assert torch.accelerator.get_device_capability("neuron:1") == capability
+
+
+def test_default_device_and_device_context():
+    torch.set_default_device("neuron")
+    try:
+        assert torch.randn(3).device == torch.device("neuron:0")
+        assert torch.arange(4).device == torch.device("neuron:0")
+        assert torch.tensor([1.0, 2.0]).device == torch.device("neuron:0")
+    finally:
+        torch.set_default_device(None)
+    assert torch.zeros(1).device.type == "cpu"
+    with torch.device("neuron:1"):
+        assert torch.empty(2).device == torch.device("neuron:1")
+        assert torch.nn.Linear(2, 2).weight.device == torch.device("neuron:1")
+    assert torch.zeros(1).device.type == "cpu"
+
+
+def test_current_device_is_thread_local():
+    import threading
+
+    seen = {}
+
+    def worker():
+        torch.neuron.set_device(2)
+        seen["index"] = torch.neuron.current_device()
+        seen["device"] = torch.empty(1, device="neuron").device
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert seen == {"index": 2, "device": torch.device("neuron:2")}
+    assert torch.neuron.current_device() == 0
+
+
+def test_device_of_tensor():
+    with torch.neuron.device_of(torch.ones(1, device="neuron:3")):
+        assert torch.neuron.current_device() == 3
+    with torch.neuron.device_of(torch.ones(1)):
+        assert torch.neuron.current_device() == 0
+    assert torch.neuron.current_device() == 0
+
+
+def test_dynamo_metrics_reset():
+    torch.neuron.reset_dynamo_metrics()
+    metrics = torch.neuron.get_dynamo_metrics()
+    assert metrics["unique_graphs"] == 0
+    assert metrics["recompiles"] == 0
+    assert metrics["frames_total"] == 0

@@ -22,8 +22,12 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 # The tokenizer needs no worker threads: leave the host cores to the model.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -53,6 +57,10 @@ NUM_HEADS = 8
 NUM_KV_HEADS = 4
 INTERMEDIATE_SIZE = 512
 TOKENIZER_VOCAB = 1000
+# The model's matrices are tiny (a few hundred wide): one intra-op thread runs them as fast
+# as two, and cannot stall in OpenMP waiting for a descheduled worker on a busy small host
+# (measured: ~0.2 s per generate with 1 thread, 0.7–13 s with 2 on a loaded 2-core VM).
+INTRA_OP_THREADS = 1
 
 
 def progress(message: str) -> None:
@@ -60,7 +68,7 @@ def progress(message: str) -> None:
     print(f"[demo] {message}", flush=True)
 
 
-def build_tokenizer(vocab_size: int = TOKENIZER_VOCAB) -> object:
+def build_tokenizer(vocab_size: int = TOKENIZER_VOCAB) -> PreTrainedTokenizerFast:
     """Trains a byte-level BPE tokenizer on CORPUS and wraps it for transformers.
 
     Returns a ``PreTrainedTokenizerFast`` with left padding (what batched generation wants).
@@ -225,6 +233,7 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
     """Runs the demonstration; returns 0 when CPU and neuron agree token for token."""
     del argv  # no flags: everything is embedded
     total_start = time.perf_counter()
+    torch.set_num_threads(INTRA_OP_THREADS)
     if not torch.neuron.is_available():
         out("error: no neuron device is available (check NEURON_RT_VISIBLE_CORES)")
         return 2
@@ -232,6 +241,7 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
     for line in describe_device():
         out(line)
 
+    progress(f"host: {os.cpu_count()} cores, {torch.get_num_threads()} intra-op thread(s)")
     progress("training a byte-level BPE tokenizer on the embedded corpus")
     tokenizer = build_tokenizer()
     vocab_size = len(tokenizer)

@@ -74,6 +74,9 @@ size_t segment_size(size_t size) {
   return kLargeRounding * ((size + kLargeRounding - 1) / kLargeRounding);
 }
 
+// Devices share the process's host budget, so memory cached on one can starve another.
+void release_cached_on_other_devices(c10::DeviceIndex except);
+
 class DeviceCache {
  public:
   explicit DeviceCache(c10::DeviceIndex device) : device_(device) {}
@@ -134,6 +137,16 @@ class DeviceCache {
     release_whole_segments(large_free_);
   }
 
+  // Like empty_cache, but gives up if the device is busy (no lock-order deadlock when two
+  // devices run out of memory at once).
+  void try_empty_cache() {
+    std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+    if (!lock.owns_lock()) return;
+    process_pending(/*wait=*/false);
+    release_whole_segments(small_free_);
+    release_whole_segments(large_free_);
+  }
+
   DeviceStats stats() {
     std::lock_guard<std::mutex> lock(mutex_);
     return stats_;
@@ -167,9 +180,9 @@ class DeviceCache {
     Block key{device_, stream, size, nullptr, false};
     auto it = pool.lower_bound(&key);
     if (it == pool.end() || (*it)->stream != stream) return nullptr;
-    // A large request does not take a much larger cached block: that would pin the rest.
-    if (!(*it)->small && (*it)->size >= kMinLargeAlloc && (*it)->size > 2 * size + kLargeRounding)
-      return nullptr;
+    // A request does not take a cached block from a much larger dedicated segment: that
+    // would pin the rest. Shared 20 MiB segments serve any medium request.
+    if ((*it)->size > kMediumSegment && (*it)->size > 2 * size + kLargeRounding) return nullptr;
     Block* block = *it;
     pool.erase(it);
     if (block->prev != nullptr || block->next != nullptr) {
@@ -189,6 +202,7 @@ class DeviceCache {
       process_pending(/*wait=*/true);
       release_whole_segments(small_free_);
       release_whole_segments(large_free_);
+      release_cached_on_other_devices(device_);
       status = nrt_mem_alloc(device_, bytes, &ptr);
     }
     if (status == NRT_OUT_OF_MEMORY) {
@@ -331,6 +345,12 @@ std::vector<std::unique_ptr<DeviceCache>>& device_caches() {
     return result;
   }();
   return caches;
+}
+
+void release_cached_on_other_devices(c10::DeviceIndex except) {
+  for (auto& cache : device_caches()) {
+    if (cache.get() != device_caches()[static_cast<size_t>(except)].get()) cache->try_empty_cache();
+  }
 }
 
 DeviceCache& cache_for(c10::DeviceIndex device) {

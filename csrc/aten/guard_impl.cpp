@@ -56,6 +56,11 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   c10::DeviceIndex deviceCount() const noexcept override { return device_count_or_zero(); }
 
+  // Every dtype PyTorch's CPU kernels support runs on the device.
+  c10::DeviceCapability getDeviceCapability(c10::Device /*device*/) const override {
+    return c10::DeviceCapability();
+  }
+
   void destroyEvent(void* event, const c10::DeviceIndex /*device_index*/) const noexcept override {
     if (event != nullptr) nrt_event_destroy(as_event(event));
   }

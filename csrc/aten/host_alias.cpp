@@ -3,8 +3,11 @@
 #include <c10/core/StorageImpl.h>
 #include <c10/core/TensorImpl.h>
 
+#include <cstring>
+
 #include "allocation_redirect.h"
 #include "caching_allocator.h"
+#include "op_tracking.h"
 
 namespace torchneuron {
 namespace {
@@ -72,6 +75,74 @@ c10::Storage adopt_device_memory(c10::StorageImpl* host_storage, c10::DeviceInde
 c10::Storage new_device_storage(size_t nbytes, c10::DeviceIndex device) {
   return make_storage(nbytes, caching_allocator().allocate_on(device, nbytes),
                       &caching_allocator());
+}
+
+at::Tensor ResultAdopter::adopt(at::Tensor host) {
+  if (!host.defined() || !host.device().is_cpu()) return host;
+  c10::StorageImpl* key = host.storage().unsafeGetStorageImpl();
+  if (const c10::Storage* input = aliases_.device_storage_for(key)) {
+    return device_tensor_on(*input, host);  // a view of an argument
+  }
+  for (const auto& [seen, storage] : adopted_) {
+    if (seen == key) return device_tensor_on(storage, host);
+  }
+  if (host.use_count() == 1 && host.storage().use_count() == 1 &&
+      CachingAllocator::owns(key->data_ptr())) {
+    // The common case: a fresh result nobody else holds, born in device memory. It turns
+    // into a neuron tensor in place, without new tensor or storage objects.
+    const c10::Device where(c10::DeviceType::PrivateUse1, device_);
+    key->mutable_data_ptr().unsafe_set_device(where);
+    auto* impl = host.unsafeGetTensorImpl();
+    impl->set_storage_keep_dtype(host.storage());
+    impl->_change_backend_component_keys(where);
+    adopted_.emplace_back(key, host.storage());
+    return host;
+  }
+  const size_t nbytes = key->nbytes();
+  c10::Storage storage = adopt_device_memory(key, device_);
+  if (!storage) {
+    storage = new_device_storage(0, device_);
+    move_into(storage.unsafeGetStorageImpl(), key, nbytes);
+  }
+  adopted_.emplace_back(key, storage);
+  return device_tensor_on(std::move(storage), host);
+}
+
+void ResultAdopter::move_into(c10::StorageImpl* target, c10::StorageImpl* host, size_t nbytes) {
+  c10::Storage adopted = adopt_device_memory(host, device_);
+  if (adopted) {
+    target->set_data_ptr_noswap(adopted.unsafeGetStorageImpl()->set_data_ptr(c10::DataPtr()));
+  } else {
+    c10::DataPtr fresh = caching_allocator().allocate_on(device_, nbytes);
+    if (nbytes > 0) {
+      // The kernel produced memory that is not device memory: copy it in, and say so.
+      std::memcpy(fresh.get(), host->data(), nbytes);
+      if (counter_ != nullptr) counter_->fallback.fetch_add(1, std::memory_order_relaxed);
+    }
+    target->set_data_ptr_noswap(std::move(fresh));
+  }
+  target->set_nbytes(nbytes);
+}
+
+void ResultAdopter::write_back(const at::Tensor& device, const at::Tensor& host) {
+  auto* impl = device.unsafeGetTensorImpl();
+  c10::StorageImpl* device_storage = impl->storage().unsafeGetStorageImpl();
+  c10::StorageImpl* host_storage = host.storage().unsafeGetStorageImpl();
+  const c10::Storage* stands_for = aliases_.device_storage_for(host_storage);
+  if (stands_for != nullptr && stands_for->unsafeGetStorageImpl() == device_storage) {
+    if (host_storage->data() != device_storage->data()) {
+      // The kernel grew the alias's storage: the neuron storage, shared by every view of it,
+      // takes over the new memory.
+      move_into(device_storage, host_storage, host_storage->nbytes());
+    }
+  } else {
+    // The kernel pointed the alias at other memory (set_): follow it.
+    impl->set_storage_keep_dtype(adopt(host).storage());
+  }
+  if (device.sizes() != host.sizes() || device.strides() != host.strides() ||
+      device.storage_offset() != host.storage_offset()) {
+    impl->set_sizes_and_strides(host.sizes(), host.strides(), host.storage_offset());
+  }
 }
 
 }  // namespace torchneuron

@@ -24,6 +24,33 @@ class HostAliasSet {
   c10::SmallVector<std::pair<c10::Storage, c10::Storage>, 4> storages_;  // (device, host)
 };
 
+struct OpCounter;
+
+// Turns the results of a host kernel run over a HostAliasSet into neuron tensors.
+class ResultAdopter {
+ public:
+  // counter (may be null) is charged a fallback when a result must be copied in.
+  ResultAdopter(const HostAliasSet& aliases, c10::DeviceIndex device, OpCounter* counter)
+      : aliases_(aliases), device_(device), counter_(counter) {}
+
+  // A fresh result becomes a neuron tensor in place when nobody else holds it; a view of
+  // an argument becomes a view of the neuron argument; other memory is adopted or copied.
+  at::Tensor adopt(at::Tensor host);
+  // After an in-place or out= kernel: carries a reallocation, re-pointing or reshape of the
+  // alias `host` over to the neuron tensor `device` it stands for.
+  void write_back(const at::Tensor& device, const at::Tensor& host);
+
+ private:
+  // Gives `target` (a neuron storage) the memory of `host` (a host kernel's storage):
+  // moved if it is device memory, else copied and counted as a fallback.
+  void move_into(c10::StorageImpl* target, c10::StorageImpl* host, size_t nbytes);
+
+  const HostAliasSet& aliases_;
+  c10::DeviceIndex device_;
+  OpCounter* counter_;
+  c10::SmallVector<std::pair<c10::StorageImpl*, c10::Storage>, 4> adopted_;
+};
+
 // A neuron tensor with `storage` and the geometry (and conj/neg bits) of `like`.
 at::Tensor device_tensor_on(c10::Storage storage, const at::Tensor& like);
 

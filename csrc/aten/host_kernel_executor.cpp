@@ -150,96 +150,6 @@ class DeviceResolver {
   int saw_host_arg_ = -1;
 };
 
-// Converts one host result into a neuron tensor.
-class ResultAdopter {
- public:
-  ResultAdopter(const HostAliasSet& aliases, c10::DeviceIndex device, OpCounter& counter)
-      : aliases_(aliases), device_(device), counter_(counter) {}
-
-  at::Tensor adopt(at::Tensor host) {
-    if (!host.defined() || !host.device().is_cpu()) return host;
-    c10::StorageImpl* key = host.storage().unsafeGetStorageImpl();
-    if (const c10::Storage* input = aliases_.device_storage_for(key)) {
-      return device_tensor_on(*input, host);  // a view of an argument
-    }
-    for (const auto& [seen, storage] : adopted_) {
-      if (seen == key) return device_tensor_on(storage, host);
-    }
-    if (host.use_count() == 1 && host.storage().use_count() == 1 &&
-        CachingAllocator::owns(key->data_ptr())) {
-      // The common case: a fresh result nobody else holds, born in device memory. It turns
-      // into a neuron tensor in place, without new tensor or storage objects.
-      const c10::Device where(c10::DeviceType::PrivateUse1, device_);
-      key->mutable_data_ptr().unsafe_set_device(where);
-      auto* impl = host.unsafeGetTensorImpl();
-      impl->set_storage_keep_dtype(host.storage());
-      impl->_change_backend_component_keys(where);
-      adopted_.emplace_back(key, host.storage());
-      return host;
-    }
-    const size_t nbytes = key->nbytes();
-    c10::Storage storage = adopt_device_memory(key, device_);
-    if (!storage) {
-      storage = new_device_storage(0, device_);
-      move_into(storage.unsafeGetStorageImpl(), key, nbytes);
-    }
-    adopted_.emplace_back(key, storage);
-    return device_tensor_on(std::move(storage), host);
-  }
-
-  // Gives `target` (a neuron storage) the memory of `host` (a host kernel's storage):
-  // moved if it is device memory, else copied and counted as a fallback.
-  void move_into(c10::StorageImpl* target, c10::StorageImpl* host) {
-    move_into(target, host, host->nbytes());
-  }
-
-  void move_into(c10::StorageImpl* target, c10::StorageImpl* host, size_t nbytes) {
-    c10::Storage adopted = adopt_device_memory(host, device_);
-    if (adopted) {
-      target->set_data_ptr_noswap(adopted.unsafeGetStorageImpl()->set_data_ptr(c10::DataPtr()));
-    } else {
-      c10::DataPtr fresh = caching_allocator().allocate_on(device_, nbytes);
-      if (nbytes > 0) {
-        // The kernel produced memory that is not device memory: copy it in, and say so.
-        std::memcpy(fresh.get(), host->data(), nbytes);
-        counter_.fallback.fetch_add(1, std::memory_order_relaxed);
-      }
-      target->set_data_ptr_noswap(std::move(fresh));
-    }
-    target->set_nbytes(nbytes);
-  }
-
- private:
-  const HostAliasSet& aliases_;
-  c10::DeviceIndex device_;
-  OpCounter& counter_;
-  c10::SmallVector<std::pair<c10::StorageImpl*, c10::Storage>, 4> adopted_;
-};
-
-// After an in-place or out= kernel, carries a reallocation or reshape of the alias over to
-// the neuron tensor it stands for.
-void write_back(const at::Tensor& device, const at::Tensor& host, const HostAliasSet& aliases,
-                ResultAdopter& adopter) {
-  auto* impl = device.unsafeGetTensorImpl();
-  c10::StorageImpl* device_storage = impl->storage().unsafeGetStorageImpl();
-  c10::StorageImpl* host_storage = host.storage().unsafeGetStorageImpl();
-  const c10::Storage* stands_for = aliases.device_storage_for(host_storage);
-  if (stands_for != nullptr && stands_for->unsafeGetStorageImpl() == device_storage) {
-    if (host_storage->data() != device_storage->data()) {
-      // The kernel grew the alias's storage: the neuron storage, shared by every view of it,
-      // takes over the new memory.
-      adopter.move_into(device_storage, host_storage);
-    }
-  } else {
-    // The kernel pointed the alias at other memory (set_): follow it.
-    impl->set_storage_keep_dtype(adopter.adopt(host).storage());
-  }
-  if (device.sizes() != host.sizes() || device.strides() != host.strides() ||
-      device.storage_offset() != host.storage_offset()) {
-    impl->set_sizes_and_strides(host.sizes(), host.strides(), host.storage_offset());
-  }
-}
-
 void run_on_host_kernels(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::FunctionSchema& schema = op.schema();
   const OpPlan& plan = plan_for(op);
@@ -312,9 +222,9 @@ void run_on_host_kernels(const c10::OperatorHandle& op, torch::jit::Stack* stack
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
   }
 
-  ResultAdopter adopter(aliases, device, *plan.counter);
+  ResultAdopter adopter(aliases, device, plan.counter);
   for (const auto& [device_tensor, alias] : written) {
-    write_back(device_tensor, alias, aliases, adopter);
+    adopter.write_back(device_tensor, alias);
   }
   const size_t num_returns = schema.returns().size();
   const size_t returns_first = stack->size() - num_returns;

@@ -179,6 +179,14 @@ std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, doubl
   return {output, noise.to(at::kBool)};
 }
 
+// Marks the tensor's memory as in use by `stream`, so the allocator does not reuse it before
+// that stream's work reaches the point where the tensor is freed.
+void record_stream(at::Tensor& self, c10::Stream stream) {
+  static OpCounter& counter = op_counter_named("aten::record_stream");
+  count(counter);
+  caching_allocator().recordStream(self.storage().data_ptr(), stream);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
@@ -196,6 +204,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
   m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
   m.impl("native_dropout", TORCH_FN(native_dropout));
+  m.impl("record_stream", TORCH_FN(record_stream));
 }
 
 }  // namespace torchneuron

@@ -100,6 +100,12 @@ PYBIND11_MODULE(_C, m) {
         torchneuron::default_generator(static_cast<c10::DeviceIndex>(device));
     return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(generator));
   });
+  m.def("_event_elapsed_ms", [](uintptr_t start, uintptr_t end) {
+    double ms = 0.0;
+    NEURON_CHECK(nrt_event_elapsed_ms(reinterpret_cast<nrt_event_t>(start),
+                                      reinterpret_cast<nrt_event_t>(end), &ms));
+    return ms;
+  });
   m.def("_executed_ops", [] { return torchneuron::executed_ops(); });
   m.def("_fallback_ops", [] { return torchneuron::fallback_ops(); });
   m.def("_clear_op_tracking", [] { torchneuron::clear_op_tracking(); });

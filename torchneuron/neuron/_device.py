@@ -107,8 +107,9 @@ def get_device_name(device: DeviceLike = None) -> str:
 
 
 def get_device_capability(device: DeviceLike = None) -> dict[str, Any]:
-    """What torch.accelerator.get_device_capability reports: the supported dtypes."""
-    return {"supported_dtypes": [torch.float32, torch.bfloat16, torch.float16, torch.int64]}
+    """The device's capabilities (supported dtypes), as torch.accelerator reports them."""
+    _lazy_init()
+    return torch.accelerator.get_device_capability(torch.device("neuron", _get_device_index(device)))
 
 
 def is_bf16_supported(including_emulation: bool = True) -> bool:

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from .. import _C
 from ._device import DeviceLike, _get_device_index
 from ._lazy import _lazy_init
 
@@ -35,6 +36,13 @@ class Event(torch.Event):
             blocking=blocking,
             interprocess=interprocess,
         )
+
+    def elapsed_time(self, end_event: torch.Event) -> float:
+        """Milliseconds between this event and end_event (both recorded, with timing)."""
+        # torch.Event.elapsed_time accepts only exact torch.Event objects, not subclasses.
+        if self.event_id == 0 or end_event.event_id == 0:
+            raise RuntimeError("Both events must be recorded before measuring elapsed time.")
+        return _C._event_elapsed_ms(self.event_id, end_event.event_id)
 
 
 def _wrap(stream: torch.Stream) -> Stream:
