@@ -109,7 +109,9 @@ def get_device_name(device: DeviceLike = None) -> str:
 def get_device_capability(device: DeviceLike = None) -> dict[str, Any]:
     """The device's capabilities (supported dtypes), as torch.accelerator reports them."""
     _lazy_init()
-    return torch.accelerator.get_device_capability(torch.device("neuron", _get_device_index(device)))
+    return torch.accelerator.get_device_capability(
+        torch.device("neuron", _get_device_index(device))
+    )
 
 
 def is_bf16_supported(including_emulation: bool = True) -> bool:
