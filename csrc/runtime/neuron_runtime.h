@@ -39,13 +39,13 @@ typedef struct nrt_chip_profile {
 
 // What one logical core (one torch device) looks like.
 typedef struct nrt_device_properties {
-  char name[64];                // e.g. "NeuronCore-v3 (trn2, LNC=2)"
+  char name[64];  // e.g. "NeuronCore-v3 (trn2, LNC=2)"
   const nrt_chip_profile* chip;
-  int logical_nc_config;        // physical cores per logical core
-  int physical_core_first;      // first physical core index of this logical core
-  int chip_index;               // which chip of the (software) instance
-  uint64_t hbm_bytes;           // profile HBM per logical core
-  uint64_t capacity_bytes;      // allocatable: hbm_bytes capped by the host budget
+  int logical_nc_config;    // physical cores per logical core
+  int physical_core_first;  // first physical core index of this logical core
+  int chip_index;           // which chip of the (software) instance
+  uint64_t hbm_bytes;       // profile HBM per logical core
+  uint64_t capacity_bytes;  // allocatable: hbm_bytes capped by the host budget
   double hbm_bandwidth_bytes_per_s;
   double peak_bf16_flops;
   double peak_fp32_flops;
