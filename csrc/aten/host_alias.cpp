@@ -30,19 +30,63 @@ at::Tensor tensor_on(c10::Storage storage, c10::DispatchKey key, const at::Tenso
 
 }  // namespace
 
+namespace {
+
+// Alias objects (a CPU tensor and its storage) are recycled per thread: creating and
+// destroying a TensorImpl and a StorageImpl for every argument of every op is a large part
+// of a small op's cost.
+constexpr size_t kAliasPoolSize = 16;
+thread_local c10::SmallVector<at::Tensor, kAliasPoolSize> tls_alias_pool;
+
+// Points a recycled alias at new bytes with new geometry.
+void retarget(const at::Tensor& alias, const c10::Storage& host, const at::Tensor& like) {
+  auto* impl = alias.unsafeGetTensorImpl();
+  impl->set_storage_and_dtype(host, like.dtype());
+  impl->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
+  impl->_set_conj(like.is_conj());
+  impl->_set_neg(like.is_neg());
+}
+
+}  // namespace
+
 at::Tensor HostAliasSet::alias(const at::Tensor& device_tensor) {
   const c10::Storage& device_storage = device_tensor.storage();
   const c10::Storage* host = host_storage_for(device_storage.unsafeGetStorageImpl());
   if (host == nullptr) {
     void* data = const_cast<void*>(device_storage.data());
     // Non-owning: the neuron storage keeps the memory alive for the whole op.
-    c10::Storage created =
-        make_storage(device_storage.nbytes(), c10::DataPtr(data, c10::Device(c10::DeviceType::CPU)),
-                     redirecting_cpu_allocator());
-    storages_.emplace_back(device_storage, std::move(created));
+    c10::DataPtr view(data, c10::Device(c10::DeviceType::CPU));
+    if (!tls_alias_pool.empty()) {
+      at::Tensor recycled = std::move(tls_alias_pool.back());
+      tls_alias_pool.pop_back();
+      c10::Storage storage = recycled.storage();
+      storage.unsafeGetStorageImpl()->set_data_ptr_noswap(std::move(view));
+      storage.unsafeGetStorageImpl()->set_nbytes(device_storage.nbytes());
+      storages_.emplace_back(device_storage, std::move(storage));
+      retarget(recycled, storages_.back().second, device_tensor);
+      created_.push_back(recycled);
+      return recycled;
+    }
+    storages_.emplace_back(device_storage, make_storage(device_storage.nbytes(), std::move(view),
+                                                        redirecting_cpu_allocator()));
     host = &storages_.back().second;
   }
-  return tensor_on(*host, c10::DispatchKey::CPU, device_tensor);
+  at::Tensor result = tensor_on(*host, c10::DispatchKey::CPU, device_tensor);
+  created_.push_back(result);
+  return result;
+}
+
+HostAliasSet::~HostAliasSet() {
+  for (at::Tensor& alias : created_) {
+    // Recyclable when only this set holds the tensor, and its storage is held by the tensor
+    // and this set's table alone (no other alias, view or result shares it).
+    if (tls_alias_pool.size() < kAliasPoolSize && alias.use_count() == 1 &&
+        alias.storage().use_count() == 2) {
+      alias.storage().unsafeGetStorageImpl()->set_data_ptr_noswap(
+          c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU)));
+      tls_alias_pool.push_back(std::move(alias));
+    }
+  }
 }
 
 const c10::Storage* HostAliasSet::device_storage_for(const c10::StorageImpl* host_storage) const {

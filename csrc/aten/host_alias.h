@@ -15,6 +15,12 @@ namespace torchneuron {
 // storage too, so host kernels see the same aliasing (overlap checks, in-place views).
 class HostAliasSet {
  public:
+  HostAliasSet() = default;
+  HostAliasSet(const HostAliasSet&) = delete;
+  HostAliasSet& operator=(const HostAliasSet&) = delete;
+  // Hands alias objects nobody else holds back to this thread's pool for the next op.
+  ~HostAliasSet();
+
   at::Tensor alias(const at::Tensor& device_tensor);
   // The neuron storage a host storage of this set stands for, or null.
   const c10::Storage* device_storage_for(const c10::StorageImpl* host_storage) const;
@@ -22,6 +28,7 @@ class HostAliasSet {
 
  private:
   c10::SmallVector<std::pair<c10::Storage, c10::Storage>, 4> storages_;  // (device, host)
+  c10::SmallVector<at::Tensor, 4> created_;  // aliases made by this set, for recycling
 };
 
 struct OpCounter;

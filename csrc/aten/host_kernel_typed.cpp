@@ -1,0 +1,231 @@
+// Unboxed host kernels for the ops that dominate eager workloads (elementwise math, matmul,
+// reductions, activations). They do what host_kernel_executor.cpp does for every op —
+// alias the neuron arguments, run the CPU kernel with allocations redirected to the
+// device, adopt the results — but with the op's C++ signature, so a call is not boxed
+// into an IValue stack and unboxed again on the way to the CPU kernel. Which ops: those
+// whose per-call overhead shows in small-tensor workloads (generation, optimizer steps).
+#include <ATen/Operators.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "allocation_redirect.h"
+#include "host_alias.h"
+#include "op_tracking.h"
+
+namespace torchneuron {
+namespace {
+
+bool is_device(const at::Tensor& t) {
+  return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1;
+}
+
+// One call's device, aliases and argument checks.
+class TypedCall {
+ public:
+  explicit TypedCall(const char* op) : op_(op) {}
+
+  template <class T>
+  void visit(const T& value) {
+    using Plain = std::decay_t<T>;
+    if constexpr (std::is_same_v<Plain, at::Tensor>) {
+      visit_tensor(value);
+    } else if constexpr (std::is_same_v<Plain, std::optional<at::Tensor>>) {
+      if (value.has_value()) visit_tensor(*value);
+    }
+  }
+
+  // The host form of an argument: tensors become aliases; everything else passes through.
+  template <class T>
+  decltype(auto) to_host(T&& value) {
+    using Plain = std::decay_t<T>;
+    if constexpr (std::is_same_v<Plain, at::Tensor>) {
+      return is_device(value) ? aliases_.alias(value) : at::Tensor(value);
+    } else if constexpr (std::is_same_v<Plain, std::optional<at::Tensor>>) {
+      if (!value.has_value() || !is_device(*value)) return std::optional<at::Tensor>(value);
+      return std::optional<at::Tensor>(aliases_.alias(*value));
+    } else {
+      return std::forward<T>(value);
+    }
+  }
+
+  c10::DeviceIndex device() const {
+    TORCH_CHECK(host_arg_ < 0,
+                "Expected all tensors to be on the same device, but found at least two devices, "
+                "neuron:",
+                static_cast<int>(device_), " and cpu! (", op_,
+                "). Move the CPU tensor to the device with .to('neuron'), or the neuron tensors "
+                "to the host with .cpu().");
+    return device_;
+  }
+
+  HostAliasSet& aliases() { return aliases_; }
+
+ private:
+  void visit_tensor(const at::Tensor& t) {
+    if (!t.defined()) return;
+    if (is_device(t)) {
+      const auto index = t.device().index();
+      if (device_ < 0) {
+        device_ = index;
+      } else {
+        TORCH_CHECK(index == device_,
+                    "Expected all tensors to be on the same device, but found at least two "
+                    "devices, neuron:",
+                    static_cast<int>(device_), " and neuron:", static_cast<int>(index), "! (",
+                    op_, "). Move them to one device with .to('neuron:N').");
+      }
+    } else if (t.device().is_cpu()) {
+      if (t.dim() != 0) host_arg_ = 0;  // CPU scalars are fine, as on CUDA
+    } else {
+      TORCH_CHECK(false, "Expected all tensors to be on the same device, but found a tensor on ",
+                  t.device(), " in ", op_, ". Move it with .to('neuron').");
+    }
+  }
+
+  const char* op_;
+  c10::DeviceIndex device_ = -1;
+  int host_arg_ = -1;
+  HostAliasSet aliases_;
+};
+
+template <class T>
+struct HostArg {
+  using type = T;  // scalars, lists and options pass through by reference
+};
+template <>
+struct HostArg<const at::Tensor&> {
+  using type = at::Tensor;
+};
+template <>
+struct HostArg<at::Tensor&> {
+  using type = at::Tensor;
+};
+template <>
+struct HostArg<const std::optional<at::Tensor>&> {
+  using type = std::optional<at::Tensor>;
+};
+
+template <class Op, class Schema = typename Op::schema>
+struct TypedHostKernel;
+
+template <class Op, class Ret, class... Args>
+struct TypedHostKernel<Op, Ret(Args...)> {
+  static std::string name() {
+    std::string result = Op::name;
+    if (*Op::overload_name != '\0') result += std::string(".") + Op::overload_name;
+    return result;
+  }
+
+  static Ret run(Args... args) {
+    static OpCounter& counter = op_counter_named(name());
+    TypedCall call(Op::name);
+    (call.visit(args), ...);
+    const c10::DeviceIndex device = call.device();
+    std::tuple<typename HostArg<Args>::type...> host(call.to_host(args)...);
+    if constexpr (std::is_same_v<Ret, at::Tensor&>) {
+      // In place: the kernel writes through the alias; the neuron argument is the result.
+      {
+        const DeviceAllocationScope scope(device);
+        std::apply(
+            [](auto&... a) { Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), a...); },
+            host);
+      }
+      ResultAdopter adopter(call.aliases(), device, &counter);
+      Ret result = write_back_mutable(adopter, host, std::index_sequence_for<Args...>{}, args...);
+      counter.executed.fetch_add(1, std::memory_order_relaxed);
+      return result;
+    } else {
+      at::Tensor result;
+      {
+        const DeviceAllocationScope scope(device);
+        result = std::apply(
+            [](auto&... a) {
+              return Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), a...);
+            },
+            host);
+      }
+      ResultAdopter adopter(call.aliases(), device, &counter);
+      counter.executed.fetch_add(1, std::memory_order_relaxed);
+      return adopter.adopt(std::move(result));
+    }
+  }
+
+  // Writes every mutable tensor argument's alias back and returns the first of them.
+  template <class Tuple, size_t... I>
+  static at::Tensor& write_back_mutable(ResultAdopter& adopter, Tuple& host,
+                                        std::index_sequence<I...>, Args&... args) {
+    at::Tensor* first = nullptr;
+    auto visit = [&](auto& original, auto& alias) {
+      if constexpr (std::is_same_v<std::remove_reference_t<decltype(original)>, at::Tensor>) {
+        adopter.write_back(original, alias);
+        if (first == nullptr) first = &original;
+      }
+    };
+    (visit_if_mutable<Args>(visit, args, std::get<I>(host)), ...);
+    return *first;
+  }
+
+  template <class Arg, class Visit, class Original, class Alias>
+  static void visit_if_mutable(Visit& visit, Original& original, Alias& alias) {
+    if constexpr (std::is_same_v<Arg, at::Tensor&>) visit(original, alias);
+  }
+};
+
+template <class Op>
+void register_typed(torch::Library& m) {
+  using Kernel = TypedHostKernel<Op>;
+  std::string qualified = std::string(Op::name).substr(6);  // drop "aten::"
+  if (*Op::overload_name != '\0') qualified += std::string(".") + Op::overload_name;
+  m.impl(qualified.c_str(), TORCH_FN(Kernel::run));
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  // Elementwise arithmetic.
+  register_typed<at::_ops::add_Tensor>(m);
+  register_typed<at::_ops::add__Tensor>(m);
+  register_typed<at::_ops::add_Scalar>(m);
+  register_typed<at::_ops::sub_Tensor>(m);
+  register_typed<at::_ops::sub__Tensor>(m);
+  register_typed<at::_ops::mul_Tensor>(m);
+  register_typed<at::_ops::mul__Tensor>(m);
+  register_typed<at::_ops::mul_Scalar>(m);
+  register_typed<at::_ops::mul__Scalar>(m);
+  register_typed<at::_ops::div_Tensor>(m);
+  register_typed<at::_ops::div__Tensor>(m);
+  register_typed<at::_ops::div_Scalar>(m);
+  register_typed<at::_ops::pow_Tensor_Scalar>(m);
+  register_typed<at::_ops::neg>(m);
+  register_typed<at::_ops::exp>(m);
+  register_typed<at::_ops::rsqrt>(m);
+  register_typed<at::_ops::sqrt>(m);
+  register_typed<at::_ops::tanh>(m);
+  register_typed<at::_ops::sigmoid>(m);
+  register_typed<at::_ops::where_self>(m);
+  register_typed<at::_ops::fill__Scalar>(m);
+  register_typed<at::_ops::masked_fill__Scalar>(m);
+  register_typed<at::_ops::addcmul_>(m);
+  register_typed<at::_ops::lerp__Scalar>(m);
+  // Activations.
+  register_typed<at::_ops::relu>(m);
+  register_typed<at::_ops::silu>(m);
+  register_typed<at::_ops::gelu>(m);
+  register_typed<at::_ops::_softmax>(m);
+  // Matmul.
+  register_typed<at::_ops::mm>(m);
+  register_typed<at::_ops::bmm>(m);
+  register_typed<at::_ops::addmm>(m);
+  // Reductions.
+  register_typed<at::_ops::sum>(m);
+  register_typed<at::_ops::sum_dim_IntList>(m);
+  register_typed<at::_ops::mean_dim>(m);
+  register_typed<at::_ops::argmax>(m);
+}
+
+}  // namespace torchneuron
