@@ -76,8 +76,8 @@ class TypedCall {
         TORCH_CHECK(index == device_,
                     "Expected all tensors to be on the same device, but found at least two "
                     "devices, neuron:",
-                    static_cast<int>(device_), " and neuron:", static_cast<int>(index), "! (",
-                    op_, "). Move them to one device with .to('neuron:N').");
+                    static_cast<int>(device_), " and neuron:", static_cast<int>(index), "! (", op_,
+                    "). Move them to one device with .to('neuron:N').");
       }
     } else if (t.device().is_cpu()) {
       if (t.dim() != 0) host_arg_ = 0;  // CPU scalars are fine, as on CUDA
