@@ -251,10 +251,11 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
 }
 
 void register_direct_host_kernels() {
-  // Structured ops (add, mul, ...) reach a backend without its own kernel through a generic
-  // kernel that runs the op's shape inference, allocates, and calls the out= variant, whose
-  // host kernel then runs shape inference again. Sending the functional and in-place
-  // variants straight to their host kernels does that work once.
+  // An op with both a CPU kernel and a generic (composite) one reaches a backend without its
+  // own kernel through the generic one. For structured ops (add, mul, ...) that kernel runs
+  // shape inference, allocates and calls the out= variant, whose host kernel runs shape
+  // inference again; for others (native_layer_norm, ...) it is a decomposition with other
+  // numerics than the CPU's. Sending them straight to their CPU kernels avoids both.
   static std::unique_ptr<torch::Library> library = [] {
     auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
                                                 c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
@@ -262,11 +263,13 @@ void register_direct_host_kernels() {
     for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
       if (name.name.rfind("aten::", 0) != 0) continue;
       auto op = dispatcher.findOp(name);
-      if (!op.has_value() ||
-          !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) ||
-          op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
+      if (!op.has_value() || op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
           !op->hasKernelForDispatchKey(c10::DispatchKey::CPU)) {
         continue;
+      }
+      if (!op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) &&
+          !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd)) {
+        continue;  // the fallback reaches it anyway
       }
       std::string qualified = name.name.substr(6);
       if (!name.overload_name.empty()) qualified += "." + name.overload_name;

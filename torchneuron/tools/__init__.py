@@ -1,0 +1,1 @@
+"""Command-line tools of torchneuron (``python -m torchneuron.tools.<name>``)."""
