@@ -1071,3 +1071,14 @@ def test_no_fallbacks_in_ordinary_workload():
     assert executed.get("aten::mm", 0) + executed.get("aten::addmm", 0) > 0
     assert sum(executed.values()) > 50
     assert {k: v for k, v in torch.neuron.get_fallback_ops().items() if v} == {}
+
+
+def test_histc_integer_input_counts_like_cuda():
+    # CUDA accepts integer histc (Transformers' MoE routing relies on it); the counts come
+    # back in the input's dtype and equal the float histogram's, exactly.
+    values = torch.tensor([0, 1, 1, 3, 2, 2, 2, 7], dtype=torch.int32)
+    result = torch.histc(values.to("neuron"), bins=4, min=0, max=3)
+    assert result.device.type == "neuron" and result.dtype == torch.int32
+    expected = torch.histc(values.to(torch.float64), bins=4, min=0, max=3).to(torch.int32)
+    assert torch.equal(result.cpu(), expected)
+    assert result.cpu().tolist() == [1, 2, 3, 1]

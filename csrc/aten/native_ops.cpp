@@ -187,6 +187,28 @@ void record_stream(at::Tensor& self, c10::Stream stream) {
   caching_allocator().recordStream(self.storage().data_ptr(), stream);
 }
 
+// histc of integer input: CUDA supports it (Transformers' grouped MoE routing relies on that
+// on every device but CPU and MPS); the CPU kernel does not. Integers are counted exactly in
+// float64 and the counts returned in the input's dtype, as CUDA does.
+at::Tensor histc(const at::Tensor& self, int64_t bins, const at::Scalar& min,
+                 const at::Scalar& max) {
+  static OpCounter& counter = op_counter_named("aten::histc");
+  count(counter);
+  if (at::isIntegralType(self.scalar_type(), /*includeBool=*/true)) {
+    return at::histc(self.to(at::kDouble), bins, min, max).to(self.scalar_type());
+  }
+  const c10::DeviceIndex device = self.device().index();
+  HostAliasSet aliases;
+  at::Tensor host_self = aliases.alias(self);
+  at::Tensor result;
+  {
+    const DeviceAllocationScope scope(device);
+    result = at::histc(host_self, bins, min, max);
+  }
+  ResultAdopter adopter(aliases, device, &counter);
+  return adopter.adopt(std::move(result));
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
@@ -205,6 +227,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
   m.impl("native_dropout", TORCH_FN(native_dropout));
   m.impl("record_stream", TORCH_FN(record_stream));
+  m.impl("histc", TORCH_FN(histc));
 }
 
 }  // namespace torchneuron
