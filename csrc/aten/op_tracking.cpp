@@ -43,13 +43,6 @@ std::map<std::string, uint64_t> collect(Field field) {
 
 }  // namespace
 
-OpCounter* find_op_counter(const void* key) {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mutex);
-  auto it = r.by_key.find(key);
-  return it != r.by_key.end() ? it->second.get() : nullptr;
-}
-
 OpCounter& op_counter(const void* key, const std::string& name) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);

@@ -16,8 +16,6 @@ struct OpCounter {
   std::atomic<uint64_t> fallback{0};
 };
 
-// The counter of an op keyed by a stable address (its schema), or null if not seen yet.
-OpCounter* find_op_counter(const void* key);
 // Creates (or finds) the counter of an op keyed by a stable address.
 OpCounter& op_counter(const void* key, const std::string& name);
 // For kernels we register ourselves: a counter by name (call once, keep the reference).
