@@ -136,7 +136,54 @@ HOST_ARGUMENTS: dict[str, tuple[int, ...]] = {"tensor_split": (0,)}
 
 # Causes of the non-passes the full sweep finds, each reproduced by hand: (op regex, reason
 # regex, cause). The report groups failures by them; anything else shows as 'unexplained'.
-KNOWN_CAUSES: list[tuple[str, str, str]] = []
+KNOWN_CAUSES: list[tuple[str, str, str]] = [
+    (
+        r"native_layer_norm|nn\.functional\.layer_norm|native_group_norm|nn\.functional\.group_norm"
+        r"|addr",
+        r"",
+        "backend bug (composite instead of CPU kernel): the op has both a CPU kernel and a "
+        "CompositeExplicitAutograd kernel, and on neuron the composite (math_native_layer_norm, "
+        "math_group_norm, math_addr) wins over the host-kernel fallback, so bf16/f16 rounding "
+        "(and, for empty inputs, the dtype of mean/rstd) differs from the CPU; "
+        "register_direct_host_kernels only covers CompositeExplicitAutogradNonFunctional ops "
+        "(also affected, not caught here: _stack, all.dims_out, any.dims_out, linalg__powsum)",
+    ),
+    (
+        r"sgn",
+        r"SIGSEGV",
+        "backend bug (zero tensor crash): torch._efficientzerotensor(..., device='neuron') "
+        "crashes the process (a memcpy in ResultAdopter::move_into while adopting the CPU "
+        "kernel's zero tensor, whose storage holds no data); sgn's backward for real inputs "
+        "returns one",
+    ),
+    (
+        r"fft\..*|polar|linalg\.eig|linalg\.eigvals",
+        r"SIGSEGV",
+        "backend bug (conjugate/negative views crash): any op or copy on a conjugate or "
+        "negative view of a neuron tensor recurses without end (conjugateFallback -> clone -> "
+        "copy_ -> neuron _copy_from -> conjugateFallback) and crashes the process; "
+        "fft.ifft/hfft/ihfft return conjugate views, polar and eig backward call conj()",
+    ),
+    (
+        r".*",
+        r"[Ss]parse",
+        "not supported: sparse layouts on neuron (no sparse kernels are registered)",
+    ),
+    (
+        r"nn\.functional\.scaled_dot_product_attention",
+        r"not differentiable with respect to argument 'attn_mask'",
+        "backend bug (SDPA kernel choice): neuron's _fused_sdp_choice asks the CPU chooser "
+        "with host aliases, which drop requires_grad, so it picks the CPU flash kernel although "
+        "attn_mask requires grad; that kernel cannot differentiate attn_mask",
+    ),
+    (
+        r"nn\.functional\.linear_cross_entropy.*",
+        r"",
+        "PyTorch policy, not a backend bug: linear_cross_entropy resolves acc_policy='auto' "
+        "per (device type, dtype); CPU bf16/f16 use 'accurate', devices without an entry "
+        "(neuron) get the 'compact' fallback (torch/nn/modules/linear_cross_entropy_options.py)",
+    ),
+]
 
 # The fast subset (tests/test_opinfo.py and the default of the CLI): ops Transformers-style
 # models use, each with the dtypes it is checked in. float32 means forward and backward.
@@ -1136,7 +1183,12 @@ def _md(text: str) -> str:
 
 
 def write_report(
-    results: list[Result], units: list[Unit], path: Path | None, command: str, elapsed: float
+    results: list[Result],
+    units: list[Unit],
+    path: Path | None,
+    command: str,
+    elapsed: float,
+    full: bool = False,
 ) -> str:
     """Writes the markdown report (to `path` if given) and returns it."""
     ops = ops_by_key()
@@ -1290,6 +1342,15 @@ def write_report(
         out.append(f"| `{_md(key)}` | " + " | ".join(cells) + " |")
     out.append("")
 
+    if full:
+        not_run = [k for k in ops if k not in set(op_names)]
+        out.append(f"## OpInfos not run: none of the five dtypes on the CPU ({len(not_run)})")
+        out.append("")
+        for key in not_run:
+            cpu = sorted(str(d).replace("torch.", "") for d in ops[key].supported_dtypes("cpu"))
+            out.append(f"- `{key}`: CPU dtypes {', '.join(cpu) if cpu else 'none'}")
+        out.append("")
+
     cpu_errors = [r for r in results if r.status in (CPU_ERROR, NO_GRAD)]
     out.append(
         f"## Not counted: samples that raise on the CPU, backward without grads ({len(cpu_errors)})"
@@ -1400,7 +1461,7 @@ def main(argv: list[str] | None = None) -> int:
         command += f" --ops {args.ops}"
     if args.dtypes:
         command += f" --dtypes {args.dtypes}"
-    write_report(results, units, out, command, elapsed)
+    write_report(results, units, out, command, elapsed, full=args.full)
     if args.json is not None:
         saved = {"elapsed": elapsed, "results": [dataclasses.asdict(r) for r in results]}
         args.json.write_text(json.dumps(saved, indent=0))
