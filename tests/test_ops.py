@@ -1082,3 +1082,20 @@ def test_histc_integer_input_counts_like_cuda():
     expected = torch.histc(values.to(torch.float64), bins=4, min=0, max=3).to(torch.int32)
     assert torch.equal(result.cpu(), expected)
     assert result.cpu().tolist() == [1, 2, 3, 1]
+
+
+def test_conjugate_and_negative_views_compute_like_cpu():
+    # Ops on conj/neg views used to recurse (conj fallback -> clone -> copy_ -> _copy_from).
+    x = torch.randn(5, dtype=torch.complex64)
+    xn = x.to("neuron")
+    assert torch.equal(xn.conj().clone().cpu(), x.conj().clone())
+    assert torch.equal((xn.conj() * 2).cpu(), x.conj() * 2)
+    assert torch.equal(xn.conj().resolve_conj().cpu(), x.conj().resolve_conj())
+    r = torch.randn(4)
+    assert torch.equal(r.to("neuron")._neg_view().cpu(), r._neg_view().resolve_neg())
+
+
+def test_efficient_zero_tensor_on_device():
+    zeros = torch._efficientzerotensor(3, device="neuron")
+    assert zeros.device.type == "neuron"
+    assert torch.equal((zeros + 1).cpu(), torch.ones(3))

@@ -130,8 +130,9 @@ at::Tensor ResultAdopter::adopt(at::Tensor host) {
   for (const auto& [seen, storage] : adopted_) {
     if (seen == key) return device_tensor_on(storage, host);
   }
+  // (A storage without data, e.g. a zero tensor's, converts the same way.)
   if (host.use_count() == 1 && host.storage().use_count() == 1 &&
-      CachingAllocator::owns(key->data_ptr())) {
+      (CachingAllocator::owns(key->data_ptr()) || key->data() == nullptr)) {
     // The common case: a fresh result nobody else holds, born in device memory. It turns
     // into a neuron tensor in place, without new tensor or storage objects.
     const c10::Device where(c10::DeviceType::PrivateUse1, device_);
@@ -158,7 +159,7 @@ void ResultAdopter::move_into(c10::StorageImpl* target, c10::StorageImpl* host, 
     target->set_data_ptr_noswap(adopted.unsafeGetStorageImpl()->set_data_ptr(c10::DataPtr()));
   } else {
     c10::DataPtr fresh = caching_allocator().allocate_on(device_, nbytes);
-    if (nbytes > 0) {
+    if (nbytes > 0 && host->data() != nullptr) {
       // The kernel produced memory that is not device memory: copy it in, and say so.
       std::memcpy(fresh.get(), host->data(), nbytes);
       if (counter_ != nullptr) counter_->fallback.fetch_add(1, std::memory_order_relaxed);

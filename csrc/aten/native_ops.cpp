@@ -230,4 +230,17 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("histc", TORCH_FN(histc));
 }
 
+// Copies resolve conjugate and negative bits themselves (the host copy kernel reads the
+// aliases' bits); sending them through the conj/neg fallbacks would materialise the input
+// with clone -> copy_ -> _copy_from and recurse without end.
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+
 }  // namespace torchneuron

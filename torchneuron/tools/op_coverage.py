@@ -30,9 +30,13 @@ Usage::
     python -m torchneuron.tools.op_coverage                # the fast subset, summary only
     python -m torchneuron.tools.op_coverage --full         # everything -> docs/op_coverage.md
     python -m torchneuron.tools.op_coverage --ops add,mm --out /tmp/report.md
+    python -m torchneuron.tools.op_coverage --full --json run.json   # also every result
+    python -m torchneuron.tools.op_coverage --full --from-json run.json  # re-render only
 
 The sweep runs the samples in worker processes (``--jobs``) with a per-sample timeout, so
-a crash or a hang of one sample is recorded against it and the sweep goes on.
+a crash or a hang of one sample is recorded against it and the sweep goes on. The report
+names the commit and the build of the extension the workers ran (and says so if the backend
+was rebuilt during the run). ``KNOWN_CAUSES`` maps the remaining failures to their causes.
 """
 
 from __future__ import annotations
@@ -889,6 +893,35 @@ def check_op(key: str, dtype: str, mode: str) -> list[Result]:
 # Worker processes (a crash or hang costs one sample, not the sweep)
 
 
+def build_id() -> str:
+    """Which build of the backend this process runs: the extension's file and its mtime."""
+    from torchneuron import _C
+
+    path = Path(_C.__file__)
+    built = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(path.stat().st_mtime))
+    return f"{path.name} built {built} UTC"
+
+
+def source_state() -> str:
+    """The git commit of the checkout and whether csrc/ has uncommitted changes."""
+    root = Path(__file__).resolve().parents[2]
+
+    def git(*args: str) -> str:
+        done = subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30
+        )
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        dirty = git("status", "--porcelain", "--", "csrc")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    if not head:
+        return "unknown"
+    return f"commit {head}" + (" with uncommitted changes in csrc/" if dirty else "")
+
+
 def _worker_main() -> None:
     """Reads units (JSON lines) on stdin; writes progress and results on the original stdout.
     Anything else the ops print goes to stderr."""
@@ -901,7 +934,7 @@ def _worker_main() -> None:
         protocol.write(json.dumps(message) + "\n")
         protocol.flush()
 
-    send({"t": "ready"})
+    send({"t": "ready", "build": build_id()})
     for line in sys.stdin:
         if not line.strip():
             continue
@@ -925,6 +958,7 @@ class _Process:
         )
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.ready = False
+        self.build = "unknown"
         self.popen = subprocess.Popen(
             self.command,
             stdin=subprocess.PIPE,
@@ -956,6 +990,7 @@ class _Process:
             if message is None or message.get("t") != "ready":
                 raise RuntimeError(f"op_coverage worker did not start: {self.stderr_tail()}")
             self.ready = True
+            self.build = str(message.get("build", "unknown"))
 
     def send(self, message: dict[str, Any]) -> None:
         assert self.popen.stdin is not None
@@ -987,11 +1022,12 @@ class _Worker:
     replacement a spare process is kept loading in the background, so a run of crashing
     samples does not wait for a fresh interpreter each time."""
 
-    def __init__(self, timeout: float) -> None:
+    def __init__(self, timeout: float, builds: set[str] | None = None) -> None:
         self.timeout = timeout
         self.process: _Process | None = None
         self.spare: _Process | None = None
         self.replacements = 0
+        self.builds = builds if builds is not None else set()
 
     def _start(self) -> None:
         if self.process is not None:
@@ -999,6 +1035,7 @@ class _Worker:
             self.replacements += 1
         self.process, self.spare = self.spare or _Process(), None
         self.process.wait_ready(max(self.timeout, 300.0))
+        self.builds.add(self.process.build)
         if self.replacements:
             self.spare = _Process()
 
@@ -1068,9 +1105,14 @@ class _WorkerDied(Exception):
 
 
 def sweep(
-    units: list[Unit], jobs: int = 1, timeout: float = 180.0, verbose: bool = True
+    units: list[Unit],
+    jobs: int = 1,
+    timeout: float = 180.0,
+    verbose: bool = True,
+    builds: set[str] | None = None,
 ) -> list[Result]:
-    """Runs `units` in `jobs` worker processes; returns every sample's result."""
+    """Runs `units` in `jobs` worker processes; returns every sample's result. The builds of
+    the backend the workers ran are added to `builds`."""
     pending: queue.Queue[tuple[int, Unit]] = queue.Queue()
     for item in enumerate(units):
         pending.put(item)
@@ -1079,7 +1121,7 @@ def sweep(
     started = time.monotonic()
 
     def work() -> None:
-        worker = _Worker(timeout)
+        worker = _Worker(timeout, builds)
         try:
             while True:
                 try:
@@ -1189,6 +1231,7 @@ def write_report(
     command: str,
     elapsed: float,
     full: bool = False,
+    backend: str = "unknown",
 ) -> str:
     """Writes the markdown report (to `path` if given) and returns it."""
     ops = ops_by_key()
@@ -1196,6 +1239,7 @@ def write_report(
     for r in results:
         by_cell[(r.op, r.dtype, r.mode)].append(r)
     op_names = list(dict.fromkeys(u.op for u in units))
+    unit_set = set(units)
     checked = Counter(r.checked for r in results if r.status == PASS)
     counts = _counts(results)
 
@@ -1207,6 +1251,8 @@ def write_report(
         f"{torch.__version__}, {len(op_names)} OpInfos of `op_db`, {len(units)} (op, dtype, mode) "
         f"units, in {elapsed / 60:.1f} min. Do not edit by hand; rerun the command."
     )
+    out.append("")
+    out.append(f"Backend under test: {backend}.")
     out.append("")
     out.append("## Summary")
     out.append("")
@@ -1324,7 +1370,7 @@ def write_report(
     for key in op_names:
         cells = []
         for dtype, mode in columns:
-            if Unit(key, dtype, mode) not in set_of_units(units):
+            if Unit(key, dtype, mode) not in unit_set:
                 cells.append("—")
                 continue
             rs = by_cell.get((key, dtype, mode), [])
@@ -1373,16 +1419,6 @@ def write_report(
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     return text
-
-
-_UNIT_SETS: dict[int, set[Unit]] = {}
-
-
-def set_of_units(units: list[Unit]) -> set[Unit]:
-    cached = _UNIT_SETS.get(id(units))
-    if cached is None:
-        cached = _UNIT_SETS[id(units)] = set(units)
-    return cached
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1440,20 +1476,27 @@ def main(argv: list[str] | None = None) -> int:
     dtypes = args.dtypes.split(",") if args.dtypes else None
     units = select_units(args.full, args.ops.split(",") if args.ops else None, dtypes)
     started = time.monotonic()
+    source, builds = source_state(), set()
     if args.from_json is not None:
         saved = json.loads(args.from_json.read_text())
         if isinstance(saved, list):  # results only
             saved = {"results": saved, "elapsed": 0.0}
         results = [Result(**r) for r in saved["results"]]
         elapsed = float(saved["elapsed"])
+        source = saved.get("source", "unknown")
+        builds = set(saved.get("builds", []))
     elif args.in_process:
         results = []
         for unit in units:
             results += list(check_unit(unit))
+        builds.add(build_id())
     else:
-        results = sweep(units, jobs=args.jobs, timeout=args.timeout)
+        results = sweep(units, jobs=args.jobs, timeout=args.timeout, builds=builds)
     if args.from_json is None:
         elapsed = time.monotonic() - started
+    backend = f"{source}; extension {', '.join(sorted(builds)) or 'unknown'}"
+    if len(builds) > 1:
+        backend += " (the backend was rebuilt during the run: the results mix these builds)"
 
     out = args.out if args.out is not None else (_default_report_path() if args.full else None)
     command = "python -m torchneuron.tools.op_coverage" + (" --full" if args.full else "")
@@ -1461,9 +1504,14 @@ def main(argv: list[str] | None = None) -> int:
         command += f" --ops {args.ops}"
     if args.dtypes:
         command += f" --dtypes {args.dtypes}"
-    write_report(results, units, out, command, elapsed, full=args.full)
+    write_report(results, units, out, command, elapsed, full=args.full, backend=backend)
     if args.json is not None:
-        saved = {"elapsed": elapsed, "results": [dataclasses.asdict(r) for r in results]}
+        saved = {
+            "elapsed": elapsed,
+            "source": source,
+            "builds": sorted(builds),
+            "results": [dataclasses.asdict(r) for r in results],
+        }
         args.json.write_text(json.dumps(saved, indent=0))
     print("\n".join(_summary_rows(results)))
     for r in results:
