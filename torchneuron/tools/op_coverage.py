@@ -140,32 +140,32 @@ HOST_ARGUMENTS: dict[str, tuple[int, ...]] = {"tensor_split": (0,)}
 
 # Causes of the non-passes the full sweep finds, each reproduced by hand: (op regex, reason
 # regex, cause). The report groups failures by them; anything else shows as 'unexplained'.
+# Entries for fixed bugs stay, so that a regression is named when it comes back.
 KNOWN_CAUSES: list[tuple[str, str, str]] = [
     (
         r"native_layer_norm|nn\.functional\.layer_norm|native_group_norm|nn\.functional\.group_norm"
         r"|addr",
         r"",
-        "backend bug (composite instead of CPU kernel): the op has both a CPU kernel and a "
-        "CompositeExplicitAutograd kernel, and on neuron the composite (math_native_layer_norm, "
-        "math_group_norm, math_addr) wins over the host-kernel fallback, so bf16/f16 rounding "
-        "(and, for empty inputs, the dtype of mean/rstd) differs from the CPU; "
-        "register_direct_host_kernels only covers CompositeExplicitAutogradNonFunctional ops "
-        "(also affected, not caught here: _stack, all.dims_out, any.dims_out, linalg__powsum)",
+        "backend bug (composite instead of CPU kernel; fixed in 180aff9): the op has both a "
+        "CPU kernel and a CompositeExplicitAutograd kernel, and on neuron the composite "
+        "(math_native_layer_norm, math_group_norm, math_addr) won over the host-kernel "
+        "fallback, so bf16/f16 rounding (and, for empty inputs, the dtype of mean/rstd) "
+        "differed from the CPU",
     ),
     (
         r"sgn",
         r"SIGSEGV",
-        "backend bug (zero tensor crash): torch._efficientzerotensor(..., device='neuron') "
-        "crashes the process (a memcpy in ResultAdopter::move_into while adopting the CPU "
-        "kernel's zero tensor, whose storage holds no data); sgn's backward for real inputs "
-        "returns one",
+        "backend bug (zero tensor crash; fixed in fb06dbd): "
+        "torch._efficientzerotensor(..., device='neuron') crashed the process (a memcpy in "
+        "ResultAdopter::move_into from the zero tensor's data-less storage); sgn's backward "
+        "for real inputs returns a zero tensor",
     ),
     (
         r"fft\..*|polar|linalg\.eig|linalg\.eigvals",
         r"SIGSEGV",
-        "backend bug (conjugate/negative views crash): any op or copy on a conjugate or "
-        "negative view of a neuron tensor recurses without end (conjugateFallback -> clone -> "
-        "copy_ -> neuron _copy_from -> conjugateFallback) and crashes the process; "
+        "backend bug (conjugate/negative views crash; fixed in fb06dbd): any op or copy on a "
+        "conjugate or negative view of a neuron tensor recursed without end (conjugateFallback "
+        "-> clone -> copy_ -> neuron _copy_from -> conjugateFallback) and crashed the process; "
         "fft.ifft/hfft/ihfft return conjugate views, polar and eig backward call conj()",
     ),
     (
@@ -176,16 +176,17 @@ KNOWN_CAUSES: list[tuple[str, str, str]] = [
     (
         r"nn\.functional\.scaled_dot_product_attention",
         r"not differentiable with respect to argument 'attn_mask'",
-        "backend bug (SDPA kernel choice): neuron's _fused_sdp_choice asks the CPU chooser "
-        "with host aliases, which drop requires_grad, so it picks the CPU flash kernel although "
-        "attn_mask requires grad; that kernel cannot differentiate attn_mask",
+        "backend bug (SDPA kernel choice; fixed in 180aff9): neuron's _fused_sdp_choice asked "
+        "the CPU chooser with host aliases, which drop requires_grad, so it picked the CPU "
+        "flash kernel although attn_mask requires grad; that kernel cannot differentiate it",
     ),
     (
         r"nn\.functional\.linear_cross_entropy.*",
         r"",
         "PyTorch policy, not a backend bug: linear_cross_entropy resolves acc_policy='auto' "
         "per (device type, dtype); CPU bf16/f16 use 'accurate', devices without an entry "
-        "(neuron) get the 'compact' fallback (torch/nn/modules/linear_cross_entropy_options.py)",
+        "(neuron) get the 'compact' fallback (torch/nn/modules/linear_cross_entropy_options.py); "
+        "with acc_policy='accurate' passed explicitly neuron equals the CPU bitwise",
     ),
 ]
 
