@@ -29,21 +29,27 @@ from __future__ import annotations
 
 import argparse
 import gc
-import math
 import os
-import platform
-import statistics
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from _harness import (
+    Op,
+    Table,
+    calibrate,
+    fmt,
+    host_banner,
+    interleaved,
+    rounds_for,
+    set_threads,
+    time_block,
+)
 
 DISPATCH_TARGET = 1.3  # neuron time / CPU time, at most
 THROUGHPUT_TARGET = 0.95  # neuron throughput / CPU throughput, at least
-
-Op = Callable[[], object]
 
 
 @dataclass
@@ -68,37 +74,6 @@ class Row:
         if self.family == "dispatch":
             return self.ratio <= DISPATCH_TARGET
         return self.ratio >= THROUGHPUT_TARGET
-
-
-def sync(device: str) -> None:
-    if device == "neuron":
-        torch.neuron.synchronize()
-
-
-def time_block(fn: Op, iterations: int, device: str) -> float:
-    """Seconds per call of ``fn`` over one block of ``iterations`` calls."""
-    sync(device)
-    start = time.perf_counter()
-    for _ in range(iterations):
-        fn()
-    sync(device)
-    return (time.perf_counter() - start) / iterations
-
-
-def interleaved(
-    fns: dict[str, Op], iterations: int, rounds: int, warmup: int = 1
-) -> dict[str, float]:
-    """Median seconds per call for each device, from alternating blocks after warm-up."""
-    devices = list(fns)
-    for _ in range(warmup):
-        for device in devices:
-            time_block(fns[device], iterations, device)
-    samples: dict[str, list[float]] = {device: [] for device in devices}
-    for r in range(rounds):
-        order = devices if r % 2 == 0 else devices[::-1]
-        for device in order:
-            samples[device].append(time_block(fns[device], iterations, device))
-    return {device: statistics.median(values) for device, values in samples.items()}
 
 
 # --- dispatch overhead on tiny tensors -------------------------------------------------------
@@ -139,12 +114,6 @@ def bench_dispatch(quick: bool) -> list[Row]:
 # --- throughput at large sizes ---------------------------------------------------------------
 
 
-def calibrate(fn: Op, device: str, budget: float) -> int:
-    """Calls per block so that one block takes about ``budget`` seconds."""
-    per_call = time_block(fn, 1, device)
-    return max(1, min(200, math.ceil(budget / max(per_call, 1e-9))))
-
-
 def throughput_row(
     name: str, size: str, make: Callable[[str], Op], work: float, unit: str, quick: bool
 ) -> Row:
@@ -152,10 +121,7 @@ def throughput_row(
     fns = {"cpu": make("cpu"), "neuron": make("neuron")}
     budget = 0.03 if quick else 0.06
     iterations = calibrate(fns["cpu"], "cpu", budget)
-    per_call = time_block(fns["cpu"], 1, "cpu")
-    # Long calls average over many scheduler slices by themselves; fewer rounds keep the
-    # bf16 GEMMs (seconds per call on hosts without bf16 units) affordable.
-    rounds = 3 if per_call > 1.5 else 5 if (quick or per_call > 0.25) else 7
+    rounds = rounds_for(time_block(fns["cpu"], 1, "cpu"), quick)
     t = interleaved(fns, iterations, rounds)
     del fns
     # Hand cached device segments back between rows, so one row's cache state (and any
@@ -229,11 +195,7 @@ def bench_throughput(quick: bool) -> list[Row]:
 # --- report ----------------------------------------------------------------------------------
 
 
-def fmt(value: float) -> str:
-    return f"{value:.3g}" if value < 100 else f"{value:.0f}"
-
-
-def table(rows: list[Row], markdown: bool) -> str:
+def table(rows: list[Row]) -> Table:
     header = ["op", "size", "cpu", "neuron", "ratio", "target", "pass/miss"]
     body = [
         [
@@ -247,15 +209,7 @@ def table(rows: list[Row], markdown: bool) -> str:
         ]
         for r in rows
     ]
-    if markdown:
-        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        lines += ["| " + " | ".join(cells) + " |" for cells in body]
-        return "\n".join(lines)
-    widths = [max(len(row[i]) for row in [header, *body]) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(header, widths, strict=True))]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) for cells in body]
-    return "\n".join(lines)
+    return Table(header, body)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -269,20 +223,12 @@ def main(argv: list[str] | None = None) -> int:
         help="intra-op threads for both devices (default 1; 0 keeps torch's default)",
     )
     args = parser.parse_args(argv)
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     if not torch.neuron.is_available():
         print("no neuron device available", file=sys.stderr)
         return 2
 
-    print(
-        f"torch {torch.__version__}, {platform.machine()} {torch.get_num_threads()} threads, "
-        f"CPU capability {torch.backends.cpu.get_cpu_capability()}, "
-        f"neuron device: {torch.neuron.get_device_name()}",
-        flush=True,
-    )
-    load = os.getloadavg()
-    print(f"host: {os.cpu_count()} cores, load average {load[0]:.2f} at start", flush=True)
+    print(host_banner(), flush=True)
     gc_was_enabled = gc.isenabled()
     gc.disable()
     start = time.perf_counter()
@@ -296,10 +242,10 @@ def main(argv: list[str] | None = None) -> int:
             gc.enable()
     elapsed = time.perf_counter() - start
     print()
-    print(table(rows, markdown=False))
+    print(table(rows).text())
     if args.markdown:
         print()
-        print(table(rows, markdown=True))
+        print(table(rows).markdown())
     missed = [r for r in rows if not r.passed]
     print()
     print(

@@ -110,6 +110,11 @@ struct HostArg<const std::optional<at::Tensor>&> {
   using type = std::optional<at::Tensor>;
 };
 
+template <class T>
+struct IsTensorTuple : std::false_type {};
+template <class... T>
+struct IsTensorTuple<std::tuple<T...>> : std::conjunction<std::is_same<T, at::Tensor>...> {};
+
 template <class Op, class Schema = typename Op::schema>
 struct TypedHostKernel;
 
@@ -140,7 +145,9 @@ struct TypedHostKernel<Op, Ret(Args...)> {
       counter.executed.fetch_add(1, std::memory_order_relaxed);
       return result;
     } else {
-      at::Tensor result;
+      static_assert(std::is_same_v<Ret, at::Tensor> || IsTensorTuple<Ret>::value,
+                    "typed host kernels return a tensor, a tuple of tensors or a mutable tensor");
+      Ret result;
       {
         const DeviceAllocationScope scope(device);
         result = std::apply(
@@ -151,7 +158,12 @@ struct TypedHostKernel<Op, Ret(Args...)> {
       }
       ResultAdopter adopter(call.aliases(), device, &counter);
       counter.executed.fetch_add(1, std::memory_order_relaxed);
-      return adopter.adopt(std::move(result));
+      if constexpr (std::is_same_v<Ret, at::Tensor>) {
+        return adopter.adopt(std::move(result));
+      } else {
+        return std::apply([&adopter](auto&... t) { return Ret(adopter.adopt(std::move(t))...); },
+                          result);
+      }
     }
   }
 
@@ -217,6 +229,15 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   register_typed<at::_ops::silu>(m);
   register_typed<at::_ops::gelu>(m);
   register_typed<at::_ops::_softmax>(m);
+  register_typed<at::_ops::_log_softmax>(m);
+  // Norms and attention: several results each, on every transformer layer's path.
+  register_typed<at::_ops::native_layer_norm>(m);
+  register_typed<at::_ops::_scaled_dot_product_flash_attention_for_cpu>(m);
+  // Their backward passes, and the activations', for training steps.
+  register_typed<at::_ops::native_layer_norm_backward>(m);
+  register_typed<at::_ops::_softmax_backward_data>(m);
+  register_typed<at::_ops::gelu_backward>(m);
+  register_typed<at::_ops::threshold_backward>(m);
   // Matmul.
   register_typed<at::_ops::mm>(m);
   register_typed<at::_ops::bmm>(m);

@@ -1,0 +1,114 @@
+"""Timing and reporting shared by the benchmarks: interleaved device blocks, medians, tables.
+
+Every benchmark here reports a ratio against a baseline measured in the same run, because
+absolute times on a small shared host mean little. The helpers alternate baseline and
+neuron blocks (swapping which runs first each round) and take medians, so load that comes
+and goes hits both sides alike.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+Op = Callable[[], object]
+
+
+def sync(device: str) -> None:
+    """Wait for queued work on ``device`` (a no-op for CPU)."""
+    if device == "neuron":
+        torch.neuron.synchronize()
+
+
+def time_block(fn: Op, iterations: int, device: str) -> float:
+    """Seconds per call of ``fn`` over one block of ``iterations`` calls."""
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(iterations):
+        fn()
+    sync(device)
+    return (time.perf_counter() - start) / iterations
+
+
+def interleaved(
+    fns: dict[str, Op], iterations: int, rounds: int, warmup: int = 1
+) -> dict[str, float]:
+    """Median seconds per call for each device, from alternating blocks after warm-up.
+
+    The keys of ``fns`` name the device each function runs on ("cpu" or "neuron").
+    """
+    devices = list(fns)
+    for _ in range(warmup):
+        for device in devices:
+            time_block(fns[device], iterations, device)
+    samples: dict[str, list[float]] = {device: [] for device in devices}
+    for r in range(rounds):
+        order = devices if r % 2 == 0 else devices[::-1]
+        for device in order:
+            samples[device].append(time_block(fns[device], iterations, device))
+    return {device: statistics.median(values) for device, values in samples.items()}
+
+
+def calibrate(fn: Op, device: str, budget: float, most: int = 200) -> int:
+    """Calls per block so that one block takes about ``budget`` seconds."""
+    per_call = time_block(fn, 1, device)
+    return max(1, min(most, math.ceil(budget / max(per_call, 1e-9))))
+
+
+def rounds_for(per_call: float, quick: bool) -> int:
+    """Fewer rounds for long calls: they average over many scheduler slices by themselves."""
+    if per_call > 1.5:
+        return 3
+    if quick or per_call > 0.25:
+        return 5
+    return 7
+
+
+def set_threads(threads: int) -> None:
+    """Intra-op threads for both devices (0 keeps torch's default)."""
+    if threads > 0:
+        torch.set_num_threads(threads)
+
+
+def host_banner() -> str:
+    """One line naming torch, the host and its load, printed at the top of every run."""
+    return (
+        f"torch {torch.__version__}, {platform.machine()}, {os.cpu_count()} cores, "
+        f"{torch.get_num_threads()} intra-op threads, "
+        f"CPU capability {torch.backends.cpu.get_cpu_capability()}, "
+        f"neuron device: {torch.neuron.get_device_name()}, "
+        f"load average {os.getloadavg()[0]:.2f}"
+    )
+
+
+def fmt(value: float) -> str:
+    """Three significant digits, or a whole number from 100 up."""
+    return f"{value:.3g}" if value < 100 else f"{value:.0f}"
+
+
+@dataclass
+class Table:
+    """Rows of string cells rendered as aligned text or Markdown."""
+
+    header: Sequence[str]
+    body: list[Sequence[str]]
+
+    def text(self) -> str:
+        rows = [self.header, *self.body]
+        widths = [max(len(row[i]) for row in rows) for i in range(len(self.header))]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(self.header, widths, strict=True))]
+        lines.append("  ".join("-" * w for w in widths))
+        lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in self.body]
+        return "\n".join(lines)
+
+    def markdown(self) -> str:
+        lines = ["| " + " | ".join(self.header) + " |", "|" + "---|" * len(self.header)]
+        lines += ["| " + " | ".join(cells) + " |" for cells in self.body]
+        return "\n".join(lines)

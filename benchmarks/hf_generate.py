@@ -1,0 +1,255 @@
+"""Prefill and decode tokens per second of a ~100M-parameter Llama on neuron against CPU eager.
+
+The model is built from a config (no download) with a fixed seed; the neuron copy carries
+the CPU copy's weights. Each measurement is one greedy `generate` call with a static KV
+cache (`cache_implementation="static"`), eager on both devices (`disable_compile=True`: this
+compares eager execution; compiled generation belongs to the compile benchmark). A logits
+processor stamps the time at every generated token, so one call yields both figures:
+
+    prefill tok/s = batch * prompt_len / (first token time - call start)
+    decode  tok/s = batch * (new_tokens - 1) / (last token time - first token time)
+
+CPU and neuron calls alternate (order swapped each round) after one warm-up call each;
+the figures are medians over the rounds. ratio = neuron tok/s / CPU tok/s, target >= 1.0
+(issue 4). The tokens generated on both devices are compared, as a sanity check that the
+two sides did the same work: float32 must match exactly; bfloat16 may diverge after a
+near-tie (reported, not failed).
+
+    python benchmarks/hf_generate.py             # batch 1 and 8, float32 and bfloat16
+    python benchmarks/hf_generate.py --quick     # batch 1 only, fewer rounds
+    python benchmarks/hf_generate.py --markdown  # also print the table as Markdown
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+from _harness import Table, fmt, host_banner, set_threads, sync
+
+TARGET = 1.0  # neuron tok/s / CPU tok/s, at least
+PROMPT_LEN = 64
+NEW_TOKENS = 17  # one from the prefill, then 16 decode steps
+
+
+def llama_config():  # noqa: ANN201 - transformers type, imported lazily
+    from transformers import LlamaConfig
+
+    # ~100M parameters: 2 x 24.6M for the untied embedding and LM head, 8 x 6.3M layers.
+    return LlamaConfig(
+        vocab_size=32000,
+        hidden_size=768,
+        intermediate_size=2048,
+        num_hidden_layers=8,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+    )
+
+
+class TokenClock:
+    """A logits processor that records when each new token's logits are ready."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.stamps: list[float] = []
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        sync(self.device)
+        self.stamps.append(time.perf_counter())
+        return scores
+
+
+@dataclass
+class Timing:
+    prefill: float  # seconds for the prompt
+    decode: float  # seconds for NEW_TOKENS - 1 steps
+    tokens: list[list[int]]
+
+
+def generate_once(model: torch.nn.Module, ids: torch.Tensor, device: str) -> Timing:
+    from transformers import LogitsProcessorList
+
+    clock = TokenClock(device)
+    sync(device)
+    start = time.perf_counter()
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=NEW_TOKENS,
+        min_new_tokens=NEW_TOKENS,
+        do_sample=False,
+        cache_implementation="static",
+        disable_compile=True,
+        logits_processor=LogitsProcessorList([clock]),
+        pad_token_id=0,
+    )
+    if len(clock.stamps) != NEW_TOKENS:
+        raise RuntimeError(f"expected {NEW_TOKENS} token stamps, got {len(clock.stamps)}")
+    return Timing(clock.stamps[0] - start, clock.stamps[-1] - clock.stamps[0], out.cpu().tolist())
+
+
+@dataclass
+class Row:
+    dtype: str
+    batch: int
+    phase: str  # "prefill" or "decode"
+    cpu: float  # tokens per second
+    neuron: float
+    same_tokens: bool
+
+    @property
+    def ratio(self) -> float:
+        return self.neuron / self.cpu
+
+
+def measure(
+    cpu_model: torch.nn.Module, neuron_model: torch.nn.Module, batch: int, rounds: int
+) -> tuple[dict[str, Timing], dict[str, list[Timing]]]:
+    g = torch.Generator().manual_seed(batch)
+    ids = torch.randint(1, cpu_model.config.vocab_size, (batch, PROMPT_LEN), generator=g)
+    models = {"cpu": (cpu_model, ids), "neuron": (neuron_model, ids.to("neuron"))}
+    first = {device: generate_once(m, x, device) for device, (m, x) in models.items()}
+    samples: dict[str, list[Timing]] = {"cpu": [], "neuron": []}
+    for r in range(rounds):
+        order = ["cpu", "neuron"] if r % 2 == 0 else ["neuron", "cpu"]
+        for device in order:
+            model, x = models[device]
+            samples[device].append(generate_once(model, x, device))
+    return first, samples
+
+
+def rows_for(
+    dtype: torch.dtype, batch: int, first: dict[str, Timing], samples: dict[str, list[Timing]]
+) -> list[Row]:
+    same = first["cpu"].tokens == first["neuron"].tokens
+    name = str(dtype).removeprefix("torch.")
+    prefill = {d: statistics.median(t.prefill for t in s) for d, s in samples.items()}
+    decode = {d: statistics.median(t.decode for t in s) for d, s in samples.items()}
+    prompt_tokens, decode_tokens = batch * PROMPT_LEN, batch * (NEW_TOKENS - 1)
+    return [
+        Row(
+            name,
+            batch,
+            "prefill",
+            prompt_tokens / prefill["cpu"],
+            prompt_tokens / prefill["neuron"],
+            same,
+        ),
+        Row(
+            name,
+            batch,
+            "decode",
+            decode_tokens / decode["cpu"],
+            decode_tokens / decode["neuron"],
+            same,
+        ),
+    ]
+
+
+def table(rows: list[Row]) -> Table:
+    header = [
+        "dtype",
+        "batch",
+        "phase",
+        "cpu tok/s",
+        "neuron tok/s",
+        "ratio",
+        "tokens",
+        "pass/miss",
+    ]
+    body = [
+        [
+            r.dtype,
+            str(r.batch),
+            r.phase,
+            fmt(r.cpu),
+            fmt(r.neuron),
+            f"{r.ratio:.3f}",
+            "same" if r.same_tokens else "differ",
+            "pass" if r.ratio >= TARGET else "MISS",
+        ]
+        for r in rows
+    ]
+    return Table(header, body)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="batch 1 only, 3 rounds")
+    parser.add_argument("--markdown", action="store_true", help="also print a Markdown table")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="intra-op threads (default 1; 0: torch's default)"
+    )
+    args = parser.parse_args(argv)
+    set_threads(args.threads)
+    if not torch.neuron.is_available():
+        print("no neuron device available", file=sys.stderr)
+        return 2
+    from transformers import LlamaForCausalLM
+
+    print(host_banner(), flush=True)
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(llama_config()).eval()
+    params = sum(p.numel() for p in base.parameters())
+    print(
+        f"Llama from config: {params / 1e6:.1f}M parameters; prompt {PROMPT_LEN} tokens, "
+        f"{NEW_TOKENS} new tokens, static cache, greedy",
+        flush=True,
+    )
+    batches = (1,) if args.quick else (1, 8)
+    rounds = 3 if args.quick else 5
+    rows: list[Row] = []
+    start = time.perf_counter()
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with torch.inference_mode():
+            for dtype in (torch.float32, torch.bfloat16):
+                cpu_model = copy.deepcopy(base).to(dtype)
+                neuron_model = copy.deepcopy(cpu_model).to("neuron")
+                for batch in batches:
+                    first, samples = measure(cpu_model, neuron_model, batch, rounds)
+                    new = rows_for(dtype, batch, first, samples)
+                    rows += new
+                    for r in new:
+                        print(
+                            f"{r.dtype} batch {r.batch} {r.phase}: cpu {fmt(r.cpu)} tok/s, "
+                            f"neuron {fmt(r.neuron)} tok/s, ratio {r.ratio:.3f} "
+                            f"({time.perf_counter() - start:.0f} s)",
+                            flush=True,
+                        )
+                del cpu_model, neuron_model
+                torch.neuron.empty_cache()
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    elapsed = time.perf_counter() - start
+    print()
+    print(table(rows).text())
+    if args.markdown:
+        print()
+        print(table(rows).markdown())
+    float32_differs = [r for r in rows if r.dtype == "float32" and not r.same_tokens]
+    passed = sum(r.ratio >= TARGET for r in rows)
+    print()
+    print(
+        f"{passed}/{len(rows)} rows within target (>= {TARGET}); measured in {elapsed:.0f} s; "
+        f"load average {os.getloadavg()[0]:.2f} at end"
+    )
+    if float32_differs:
+        print("error: float32 tokens differ between CPU and neuron", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
