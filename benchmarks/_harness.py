@@ -88,6 +88,11 @@ def host_banner() -> str:
     )
 
 
+def geomean(values: Sequence[float]) -> float:
+    """Geometric mean: the right average of ratios (a 2x and a 0.5x cancel out)."""
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
 def fmt(value: float) -> str:
     """Three significant digits, or a whole number from 100 up."""
     return f"{value:.3g}" if value < 100 else f"{value:.0f}"

@@ -39,6 +39,7 @@ from _harness import (
     Table,
     calibrate,
     fmt,
+    geomean,
     host_banner,
     interleaved,
     rounds_for,
@@ -264,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     targeted = [r for r in rows if r.has_target]
     passed = sum(r.ratio >= TARGET for r in targeted)
     print()
+    print(f"geometric mean ratio from 1e5 up: {geomean([r.ratio for r in targeted]):.3f}")
     print(
         f"{passed}/{len(targeted)} rows from 1e5 elements up within target (>= {TARGET}); "
         f"measured in {elapsed:.0f} s; load average {os.getloadavg()[0]:.2f} at end"
