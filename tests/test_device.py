@@ -406,3 +406,20 @@ def test_dynamo_metrics_reset():
     assert metrics["unique_graphs"] == 0
     assert metrics["recompiles"] == 0
     assert metrics["frames_total"] == 0
+
+
+def test_module_to_moves_parameters_in_place_and_keeps_ties():
+    """nn.Module.to keeps each Parameter object (as for CUDA): shared ones stay shared."""
+    embed = torch.nn.Embedding(10, 4)
+    head = torch.nn.Linear(4, 10, bias=False)
+    head.weight = embed.weight  # tied, as in most language models
+    model = torch.nn.ModuleList([embed, head])
+    before = embed.weight
+    values = before.detach().clone()
+    model.to("neuron")
+    assert embed.weight is before and head.weight is embed.weight
+    assert before.device.type == "neuron" and isinstance(before, torch.nn.Parameter)
+    torch.testing.assert_close(before.cpu(), values, rtol=0, atol=0)
+    model.to("cpu")
+    assert head.weight is embed.weight and embed.weight.device.type == "cpu"
+    torch.testing.assert_close(embed.weight.detach(), values, rtol=0, atol=0)

@@ -5,22 +5,252 @@ Dynamo finds it through the ``torch_dynamo_backends`` entry point, so
 Transformers' automatic compilation of static-cache generation on a neuron device (which
 asks for this backend by name) runs.
 
-Today the backend executes the graph Dynamo captured with the device's eager kernels: it
-gives whole-graph capture, the per-signature guards and recompiles of ``torch.compile``,
-and exactly the eager numerics. Lowering the graph to generated code is tracked separately
-(the compile issue); this module is where it goes.
+How a graph is compiled: Inductor's ``compile_fx`` does what it does for any device (AOT
+Autograd into forward/backward ATen graphs, Inductor's decompositions, the partitioner);
+each resulting ATen graph is then re-targeted from the neuron device to the host and lowered
+by Inductor's C++ code generator, as a CPU graph would be. That is sound because device
+memory is host-addressable: at run time the compiled host code reads CPU aliases of the
+neuron inputs, allocates its buffers in device memory, and its outputs become neuron tensors
+without a copy (``_C._call_host_graph``). Autograd, optimizers and users only ever see neuron
+tensors.
+
+The static-shape policy of TorchNeuron holds: each input signature compiles once; automatic
+dynamic shapes are turned off once a neuron graph is compiled, so a changed shape recompiles
+a static graph (and logs one line naming the input and the remedy) instead of a dynamic one;
+``dynamic=True`` and compile modes other than "default" are refused with the alternative.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.fx
+
+from . import _C
+
+log = logging.getLogger("torchneuron.compile")
+
+_NEURON = "neuron"
+PAD_ADVICE = (
+    "pad or bucket it to a fixed size (for token sequences, a multiple of 128) so that compiled "
+    "graphs are reused"
+)
+
+
+class NeuronCompileError(RuntimeError):
+    """A graph or a compile option the neuron backend does not accept, with the alternative."""
+
+
+class _Metrics:
+    """Counters of the neuron backend for torch.neuron.get_dynamo_metrics()."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        self.compiles = 0  # graphs handed to the backend by Dynamo
+        self.recompiles = 0  # of those, later compiles of an already compiled frame
+        self.host_graphs = 0  # forward/backward/inference graphs lowered to host code
+        self.recompile_reasons: list[str] = []
+        self.signatures: dict[int, list[list[tuple[str, tuple[int, ...], str]]]] = {}
+
+
+metrics = _Metrics()
+
+
+def _reject_options(kwargs: dict[str, Any]) -> None:
+    mode = kwargs.pop("mode", None)
+    options = kwargs.pop("options", None)
+    if mode not in (None, "default"):
+        raise NeuronCompileError(
+            f'torch.compile(..., backend="neuron", mode="{mode}") is not supported: neuron '
+            'graphs are compiled whole, once per input signature. Use mode="default" (or leave '
+            "mode unset)."
+        )
+    if options:
+        raise NeuronCompileError(
+            f"torch.compile(..., backend='neuron', options={options!r}) is not supported: the "
+            "neuron backend takes no options. Leave options unset, or use backend='inductor' "
+            "to pass Inductor options."
+        )
+    if kwargs:
+        raise NeuronCompileError(
+            f"unexpected arguments for the neuron backend: {sorted(kwargs)}; it takes none"
+        )
+
+
+def _input_name(node: torch.fx.Node) -> str:
+    grapharg = node.meta.get("grapharg")
+    source = getattr(grapharg, "source", None)
+    return source.name if isinstance(getattr(source, "name", None), str) else node.name
+
+
+def _reject_dynamic(gm: torch.fx.GraphModule) -> None:
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        value = node.meta.get("example_value", node.meta.get("val"))
+        sizes = value.shape if isinstance(value, torch.Tensor) else (value,)
+        if any(isinstance(s, torch.SymInt) for s in sizes):
+            raise NeuronCompileError(
+                f"input {_input_name(node)} has a dynamic shape, which the neuron backend does "
+                "not compile (Trainium runs static graphs). Compile with dynamic=False (the "
+                "default) and no torch._dynamo.mark_dynamic, and " + PAD_ADVICE + "."
+            )
+
+
+def _turn_off_automatic_dynamic() -> None:
+    # Dynamo would mark a dimension dynamic on the first recompile it sees change; neuron
+    # graphs are static, so from the first neuron compile on a new shape is a new static graph.
+    torch._dynamo.config.automatic_dynamic_shapes = False
+
+
+def _signature(gm: torch.fx.GraphModule) -> list[tuple[str, tuple[int, ...], str]]:
+    sig = []
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        value = node.meta.get("example_value")
+        if isinstance(value, torch.Tensor):
+            sig.append((_input_name(node), tuple(int(s) for s in value.shape), str(value.dtype)))
+    return sig
+
+
+def _note_compile(gm: torch.fx.GraphModule) -> None:
+    """Counts the compile; on a recompile of a frame, logs the inputs whose shape changed."""
+    from torch._guards import CompileContext
+
+    compile_id = CompileContext.current_compile_id()
+    signature = _signature(gm)
+    with metrics.lock:
+        metrics.compiles += 1
+        if compile_id is None:
+            return
+        seen = metrics.signatures.setdefault(compile_id.frame_id or 0, [])
+        seen.append(signature)
+        if len(seen) == 1:
+            return
+        metrics.recompiles += 1
+        # Compare with the latest graph of this frame that had the same inputs: a frame
+        # reached with other inputs (another module through the same code) is no shape change.
+        names = [name for name, _, _ in signature]
+        previous = next((p for p in reversed(seen[:-1]) if [n for n, _, _ in p] == names), None)
+        old = {name: shape for name, shape, _ in previous or []}
+        changed = [
+            f"input {name} changed from shape {old[name]} to {shape}"
+            for name, shape, _ in signature
+            if name in old and old[name] != shape
+        ]
+        reason = "; ".join(changed) if changed else "a guard on something other than a shape failed"
+        metrics.recompile_reasons.append(reason)
+    advice = f" ({PAD_ADVICE})" if changed else ""
+    log.warning(
+        "neuron: recompiling %s (graph %d of this frame): %s%s",
+        gm.meta.get("dynamo_compile_id", compile_id),
+        len(seen),
+        reason,
+        advice,
+    )
+
+
+# --- lowering ATen graphs to host code ---------------------------------------------------
+
+
+def _to_host_device(value: Any) -> Any:
+    if isinstance(value, torch.device) and value.type == _NEURON:
+        return torch.device("cpu")
+    if isinstance(value, str) and value.split(":")[0] == _NEURON:
+        return "cpu"
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_host_device(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_host_device(v) for k, v in value.items()}
+    return value
+
+
+def _retarget_to_host(gm: torch.fx.GraphModule) -> None:
+    """Rewrites every neuron device argument in the graph (factories, copies) to the host."""
+    for node in gm.graph.nodes:
+        node.args = _to_host_device(node.args)
+        node.kwargs = _to_host_device(node.kwargs)
+    gm.recompile()
+
+
+def _host_example(value: Any, fake_mode: Any) -> Any:
+    if not isinstance(value, torch.Tensor) or value.device.type != _NEURON:
+        return value
+    with fake_mode:
+        host = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="cpu")
+    return host
+
+
+def _output_values(gm: torch.fx.GraphModule) -> list[Any]:
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    values = output.args[0]
+    values = values if isinstance(values, (list, tuple)) else [values]
+    return [v.meta.get("val") if isinstance(v, torch.fx.Node) else v for v in values]
+
+
+def _graph_device(example_inputs: Sequence[Any]) -> int | None:
+    for value in example_inputs:
+        if isinstance(value, torch.Tensor) and value.device.type == _NEURON:
+            return value.device.index or 0
+    return None
+
+
+class HostGraph:
+    """A compiled ATen graph that runs as host code over neuron tensors (boxed calling)."""
+
+    def __init__(self, compiled: Any, device: int, device_outputs: list[bool]) -> None:
+        # An instance attribute: AOT Autograd wraps the backward with functools.wraps, which
+        # copies the instance's __dict__ (not class attributes) onto the wrapper.
+        self._boxed_call = True
+        self.compiled = compiled
+        self.device = device
+        self.device_outputs = device_outputs
+
+    def __call__(self, args: list[Any]) -> list[Any]:
+        try:
+            return _C._call_host_graph(self.compiled, args, self.device, self.device_outputs)
+        finally:
+            args.clear()  # the boxed convention: inputs are freed as early as possible
+
+
+def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
+    """Inductor's per-graph compile step, for an ATen graph on a neuron device."""
+    from torch._guards import detect_fake_mode
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    device = _graph_device(example_inputs)
+    if device is None:  # a graph with no neuron inputs (e.g. only CPU tensors): plain Inductor
+        return compile_fx_inner(gm, example_inputs, **kwargs)
+    device_outputs = [
+        isinstance(v, torch.Tensor) and v.device.type == _NEURON for v in _output_values(gm)
+    ]
+    fake_mode = detect_fake_mode(example_inputs)
+    host_inputs = [_host_example(v, fake_mode) for v in example_inputs]
+    _retarget_to_host(gm)
+    FakeTensorProp(gm, mode=fake_mode).propagate_dont_convert_inputs(*host_inputs)
+    compiled = compile_fx_inner(gm, host_inputs, **kwargs)
+    with metrics.lock:
+        metrics.host_graphs += 1
+    return HostGraph(compiled, device, device_outputs)
 
 
 def neuron_backend(
     graph_module: torch.fx.GraphModule, example_inputs: list[Any], **kwargs: Any
 ) -> Callable[..., Any]:
-    """Dynamo backend: runs the captured FX graph on the neuron device's kernels."""
-    return graph_module.forward
+    """Dynamo backend: compiles the captured graph to host code over neuron memory."""
+    from torch._inductor.compile_fx import compile_fx
+
+    _reject_options(dict(kwargs))
+    _reject_dynamic(graph_module)
+    _turn_off_automatic_dynamic()
+    _note_compile(graph_module)
+    return compile_fx(graph_module, example_inputs, inner_compile=_inner_compile)

@@ -209,9 +209,23 @@ at::Tensor histc(const at::Tensor& self, int64_t bins, const at::Scalar& min,
   return adopter.adopt(std::move(result));
 }
 
+// Whether `self.data = from` may keep `self`'s TensorImpl (and so its identity) while taking
+// `from`'s storage and device. nn.Module.to() relies on it to move parameters in place:
+// without it, every parameter is replaced by a new one and parameters shared between
+// modules (tied input and output embeddings) stop being shared. As between CPU and CUDA,
+// dense neuron and CPU tensors are interchangeable in this sense.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  auto dense_here = [](const at::Tensor& t) {
+    return t.layout() == c10::kStrided &&
+           (t.device().is_cpu() || t.device().type() == c10::DeviceType::PrivateUse1);
+  };
+  return dense_here(self) && dense_here(from);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
   m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
   m.impl("empty_strided", TORCH_FN(empty_strided));
   m.impl("as_strided", TORCH_FN(as_strided));

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "caching_allocator.h"
+#include "compiled_graph_call.h"
 #include "device_state.h"
 #include "generator.h"
 #include "op_tracking.h"
@@ -66,6 +67,7 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "torchneuron native extension";
   torchneuron::register_hooks();
   torchneuron::register_direct_host_kernels();
+  torchneuron::register_compiled_graph_call(m);
 
   m.def("_init", [] { NEURON_CHECK(nrt_init()); });
   m.def("_is_initialized", [] { return nrt_is_initialized() != 0; });

@@ -22,22 +22,43 @@ def clear_op_tracking() -> None:
 
 
 def get_dynamo_metrics() -> dict[str, Any]:
-    """Dynamo's compile counters for this process: graphs compiled, frames, recompiles."""
+    """Compile counters for this process.
+
+    From Dynamo: graphs captured, frames, its recompile counters. From the neuron backend:
+    ``compiles`` (graphs Dynamo handed to it), ``recompiles`` and ``recompile_reasons`` (later
+    graphs of an already compiled frame, with the inputs whose shape changed), and
+    ``host_graphs`` (forward, backward and inference graphs lowered to host code).
+    """
     from torch._dynamo.utils import counters
+
+    from ..compile import metrics
 
     stats = counters["stats"]
     recompiles = dict(counters["recompiles"])
+    with metrics.lock:
+        backend = {
+            "compiles": metrics.compiles,
+            "recompiles": metrics.recompiles,
+            "recompile_reasons": list(metrics.recompile_reasons),
+            "host_graphs": metrics.host_graphs,
+        }
     return {
         "unique_graphs": int(stats.get("unique_graphs", 0)),
         "calls_captured": int(stats.get("calls_captured", 0)),
         "frames_ok": int(counters["frames"].get("ok", 0)),
         "frames_total": int(counters["frames"].get("total", 0)),
-        "recompiles": sum(recompiles.values()),
-        "recompile_reasons": recompiles,
+        "dynamo_recompiles": sum(recompiles.values()),
+        "dynamo_recompile_reasons": recompiles,
+        **backend,
     }
 
 
 def reset_dynamo_metrics() -> None:
+    """Clears Dynamo's counters and the neuron backend's."""
     from torch._dynamo.utils import counters
 
+    from ..compile import metrics
+
     counters.clear()
+    with metrics.lock:
+        metrics.reset()

@@ -1,0 +1,185 @@
+"""torch.compile with backend="neuron": Inductor's C++ code over device memory.
+
+References: the same model or function run eagerly on CPU with the same weights and
+inputs. Tolerances: float32 forward and gradients within atol 1e-5 / rtol 1e-4 (Inductor
+fuses and reorders float reductions, so bitwise equality is not expected).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch._dynamo
+
+import torchneuron.compile as neuron_compile
+
+TOL = {"atol": 1e-5, "rtol": 1e-4}
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    torch.neuron.reset_dynamo_metrics()
+    yield
+    torch._dynamo.reset()
+
+
+def test_backend_is_listed():
+    assert "neuron" in torch._dynamo.list_backends()
+
+
+def test_function_matches_cpu_and_stays_on_device():
+    def f(x, w):
+        return torch.nn.functional.gelu(x @ w).sum(-1) + x.exp().mean()
+
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(8, 16, generator=g), torch.randn(16, 16, generator=g)
+    torch.neuron.clear_op_tracking()
+    got = torch.compile(f, backend="neuron", fullgraph=True)(x.to("neuron"), w.to("neuron"))
+    assert got.device.type == "neuron"
+    torch.testing.assert_close(got.cpu(), f(x, w), **TOL)
+    # outputs are born in device memory: nothing was copied in through a host fallback
+    assert torch.neuron.get_fallback_ops() == {}
+    assert torch.neuron.get_dynamo_metrics()["host_graphs"] >= 1
+
+
+def test_graph_on_second_device_and_input_views():
+    def f(x):
+        y = x.transpose(0, 1)  # an output that is a view of the input
+        return y, (x * 2).sum(0)
+
+    x = torch.arange(12.0).reshape(3, 4)
+    view, total = torch.compile(f, backend="neuron")(x.to("neuron:1"))
+    assert view.device == torch.device("neuron:1") and total.device == torch.device("neuron:1")
+    torch.testing.assert_close(view.cpu(), x.t())
+    torch.testing.assert_close(total.cpu(), (x * 2).sum(0))
+
+
+def test_input_mutation_lands_in_device_memory():
+    def f(buf, x):
+        buf.add_(x)
+        return buf * 2
+
+    buf = torch.zeros(5, device="neuron")
+    x = torch.arange(5.0)
+    out = torch.compile(f, backend="neuron")(buf, x.to("neuron"))
+    torch.testing.assert_close(buf.cpu(), x)
+    torch.testing.assert_close(out.cpu(), 2 * x)
+
+
+def _mlp() -> torch.nn.Module:
+    return torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4)
+    )
+
+
+def test_training_step_matches_cpu():
+    torch.manual_seed(0)
+    cpu = _mlp()
+    dev = _mlp()
+    dev.load_state_dict(cpu.state_dict())
+    dev.to("neuron")
+    opt_cpu = torch.optim.AdamW(cpu.parameters(), lr=1e-2)
+    opt_dev = torch.optim.AdamW(dev.parameters(), lr=1e-2)
+    compiled = torch.compile(dev, backend="neuron")
+    x = torch.randn(8, 16)
+    for _ in range(3):
+        for model, opt, inp in ((cpu, opt_cpu, x), (compiled, opt_dev, x.to("neuron"))):
+            opt.zero_grad()
+            model(inp).square().mean().backward()
+            opt.step()
+    for p, q in zip(cpu.parameters(), dev.parameters(), strict=True):
+        assert q.device.type == "neuron" and q.grad.device.type == "neuron"
+        torch.testing.assert_close(q.cpu(), p.detach(), **TOL)
+
+
+ARCHITECTURES = ["llama", "qwen2", "qwen3", "mistral", "gemma2", "phi3", "gpt2"]
+
+
+def _tiny_causal_lm(arch: str):  # noqa: ANN202 - transformers type
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    sizes = {
+        "vocab_size": 96,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "max_position_embeddings": 64,
+        # GPT-2 spells them differently
+        "n_embd": 32,
+        "n_layer": 2,
+        "n_head": 4,
+        "n_positions": 64,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
+    }
+    config = AutoConfig.for_model(arch, **sizes)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config).eval()  # eval: no dropout
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_causal_lm_forward_backward_matches_eager(arch):
+    cpu = _tiny_causal_lm(arch)
+    dev = _tiny_causal_lm(arch)
+    dev.load_state_dict(cpu.state_dict())
+    dev.to("neuron")
+    ids = torch.randint(3, 96, (2, 16), generator=torch.Generator().manual_seed(1))
+    expected = cpu(ids, labels=ids)
+    expected.loss.backward()
+    got = torch.compile(dev, backend="neuron")(ids.to("neuron"), labels=ids.to("neuron"))
+    got.loss.backward()
+    torch.testing.assert_close(got.logits.cpu(), expected.logits, **TOL)
+    torch.testing.assert_close(got.loss.cpu(), expected.loss, **TOL)
+    for (name, p), q in zip(cpu.named_parameters(), dev.parameters(), strict=True):
+        if p.grad is None:
+            assert q.grad is None, name
+            continue
+        torch.testing.assert_close(q.grad.cpu(), p.grad, **TOL, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_shape_change_recompiles_static_once_and_says_why(caplog):
+    def f(x):
+        return torch.softmax(x, dim=-1) * 3
+
+    compiled = torch.compile(f, backend="neuron")
+    a, b = torch.randn(2, 16), torch.randn(2, 24)
+    with caplog.at_level(logging.WARNING, logger="torchneuron.compile"):
+        for x in (a, b, a, b):  # two signatures, each compiled once and then reused
+            torch.testing.assert_close(compiled(x.to("neuron")).cpu(), f(x), **TOL)
+    metrics = torch.neuron.get_dynamo_metrics()
+    assert metrics["compiles"] == 2
+    assert metrics["recompiles"] == 1
+    assert metrics["recompile_reasons"] == ["input L['x'] changed from shape (2, 16) to (2, 24)"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "torchneuron.compile"]
+    assert len(lines) == 1
+    assert "L['x']" in lines[0] and "multiple of 128" in lines[0]
+    # automatic dynamic shapes stayed off: the second graph is static too
+    assert torch._dynamo.config.automatic_dynamic_shapes is False
+
+    torch.neuron.reset_dynamo_metrics()
+    assert torch.neuron.get_dynamo_metrics()["compiles"] == 0
+
+
+def test_dynamic_true_is_refused_with_the_alternative():
+    compiled = torch.compile(lambda x: x * 2, backend="neuron", dynamic=True)
+    with pytest.raises(Exception, match="dynamic=False.*pad or bucket"):
+        compiled(torch.randn(4, 8, device="neuron"))
+
+
+@pytest.mark.parametrize("mode", ["max-autotune", "reduce-overhead"])
+def test_other_modes_are_refused_with_the_alternative(mode):
+    compiled = torch.compile(lambda x: x + 1, backend="neuron", mode=mode)
+    with pytest.raises(Exception, match='mode="default"'):
+        compiled(torch.randn(3, device="neuron"))
+
+
+def test_options_are_refused():
+    with pytest.raises(neuron_compile.NeuronCompileError, match="backend='inductor'"):
+        neuron_compile._reject_options({"options": {"max_autotune": True}})
