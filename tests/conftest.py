@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 # The topology and budget are read when the runtime initialises (lazily, on first use), so
@@ -25,6 +26,11 @@ _CONFIG_VARIABLES = (
 )
 for _name in _CONFIG_VARIABLES:
     os.environ.pop(_name, None)
+
+# Compiled graphs go to a cache of this run's own, so no test depends on (or is helped by)
+# what an earlier run left in the system temp directory.
+os.environ["TORCH_NEURONX_NEFF_CACHE_DIR"] = tempfile.mkdtemp(prefix="torchneuron-test-neff-")
+os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

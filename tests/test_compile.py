@@ -155,6 +155,8 @@ def test_shape_change_recompiles_static_once_and_says_why(caplog):
             torch.testing.assert_close(compiled(x.to("neuron")).cpu(), f(x), **TOL)
     metrics = torch.neuron.get_dynamo_metrics()
     assert metrics["compiles"] == 2
+    assert metrics["host_graphs"] == 2  # inference graphs: one per signature
+    assert metrics["cache_hits"] + metrics["cache_misses"] == 2
     assert metrics["recompiles"] == 1
     assert metrics["recompile_reasons"] == ["input L['x'] changed from shape (2, 16) to (2, 24)"]
     lines = [r.getMessage() for r in caplog.records if r.name == "torchneuron.compile"]
@@ -164,7 +166,9 @@ def test_shape_change_recompiles_static_once_and_says_why(caplog):
     assert torch._dynamo.config.automatic_dynamic_shapes is False
 
     torch.neuron.reset_dynamo_metrics()
-    assert torch.neuron.get_dynamo_metrics()["compiles"] == 0
+    cleared = torch.neuron.get_dynamo_metrics()
+    assert cleared["compiles"] == cleared["recompiles"] == cleared["cache_misses"] == 0
+    assert cleared["recompile_reasons"] == []
 
 
 def test_dynamic_true_is_refused_with_the_alternative():

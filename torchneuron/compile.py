@@ -22,15 +22,20 @@ a static graph (and logs one line naming the input and the remedy) instead of a 
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import threading
+import warnings
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.fx
 
 from . import _C
+from .neff_cache import NeffCache, NeffCacheWarning, cache_dir
 
 log = logging.getLogger("torchneuron.compile")
 
@@ -221,6 +226,135 @@ class HostGraph:
             args.clear()  # the boxed convention: inputs are freed as early as possible
 
 
+_KEY_KWARGS = ("is_inference", "is_backward", "static_input_idxs", "cpp_wrapper")
+_cache: NeffCache | None = None
+_cache_guard = threading.Lock()
+
+
+def neff_cache() -> NeffCache:
+    """The process's compiled-graph cache, under TORCH_NEURONX_NEFF_CACHE_DIR."""
+    global _cache
+    with _cache_guard:
+        if _cache is None or _cache.root != cache_dir():
+            _cache = NeffCache()
+            _keep_inductor_kernels_beside(_cache.root)
+        return _cache
+
+
+def _keep_inductor_kernels_beside(root: Path) -> None:
+    """Inductor's kernel cache (compiled C++ libraries) moves under the neuron cache.
+
+    Then the one directory holds everything a second process needs. Inductor writes its
+    default location into the environment the first time it looks, so only that default
+    is replaced; a TORCHINDUCTOR_CACHE_DIR the user chose stays.
+    """
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if current is None or current == default_cache_dir():
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor")
+
+
+def _graph_key(gm: torch.fx.GraphModule, inputs: Sequence[Any], kwargs: dict[str, Any]) -> str:
+    """SHA-256 of what the generated code depends on: graph, input layouts, versions, ISA."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    h = hashlib.sha256()
+
+    def add(*parts: object) -> None:
+        for part in parts:
+            h.update(repr(part).encode())
+            h.update(b"\0")
+
+    add("torchneuron-host-graph", 1, torch.__version__, _package_version())
+    add(torch.backends.cpu.get_cpu_capability(), str(pick_vec_isa()))
+    add(gm.code)
+    for value in inputs:
+        if isinstance(value, torch.Tensor):
+            add("tensor", tuple(value.shape), value.stride(), value.dtype, value.device.type)
+        else:
+            add(type(value).__name__, value)
+    for name, value in sorted(gm.named_buffers()) + sorted(gm.named_parameters()):
+        add(name, tuple(value.shape), value.dtype)
+        h.update(value.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    add(sorted((k, repr(kwargs.get(k))) for k in _KEY_KWARGS))
+    add(sorted((k, repr(v)) for k, v in inductor_config.save_config_portable().items()))
+    return h.hexdigest()
+
+
+def _package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torchneuron")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _constants_to_host(gm: torch.fx.GraphModule) -> None:
+    """Tensors the graph holds as attributes become host tensors (the code reads them there)."""
+    for name, value in list(gm.named_buffers()) + list(gm.named_parameters()):
+        if value.device.type == _NEURON:
+            owner, _, attr = name.rpartition(".")
+            module = gm.get_submodule(owner) if owner else gm
+            setattr(
+                module,
+                attr,
+                torch.nn.Parameter(value.cpu(), value.requires_grad)
+                if isinstance(value, torch.nn.Parameter)
+                else value.cpu(),
+            )
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            target = getattr(gm, node.target, None) if "." not in node.target else None
+            if isinstance(target, torch.Tensor) and target.device.type == _NEURON:
+                setattr(gm, node.target, target.cpu())
+
+
+def _load_source(source: str) -> Callable[[list[Any]], Any]:
+    from torch._inductor.codecache import PyCodeCache
+
+    return PyCodeCache.load(source).call
+
+
+def _compile_host_graph(
+    gm: torch.fx.GraphModule, host_inputs: list[Any], kwargs: dict[str, Any]
+) -> Callable[[list[Any]], Any]:
+    """The graph's host code: from the cache if a whole entry is there, else compiled."""
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    cache = neff_cache()
+    key = _graph_key(gm, host_inputs, kwargs)
+    with cache.lock(key):
+        payload = cache.get(key)
+        if payload is not None:
+            try:
+                return _load_source(payload.decode())
+            except Exception as error:  # a whole entry whose code no longer loads here
+                warnings.warn(
+                    f"neuron compile cache: entry {cache.path_for(key)} does not load "
+                    f"({type(error).__name__}: {error}); compiling again",
+                    NeffCacheWarning,
+                    stacklevel=2,
+                )
+        # Our cache decides reuse: Inductor's graph cache would answer first otherwise.
+        with torch._inductor.config.patch(fx_graph_cache=False):
+            compiled = compile_fx_inner(gm, host_inputs, **kwargs)
+        source = getattr(compiled, "source_code", None)
+        if isinstance(source, str) and not getattr(compiled, "constants", None):
+            try:
+                cache.put(key, source.encode())
+            except OSError as error:
+                warnings.warn(
+                    f"neuron compile cache: cannot write under {cache.root} ({error}); the "
+                    "graph is compiled but will be compiled again in the next process",
+                    NeffCacheWarning,
+                    stacklevel=2,
+                )
+        return compiled
+
+
 def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
     """Inductor's per-graph compile step, for an ATen graph on a neuron device."""
     from torch._guards import detect_fake_mode
@@ -236,8 +370,9 @@ def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kw
     fake_mode = detect_fake_mode(example_inputs)
     host_inputs = [_host_example(v, fake_mode) for v in example_inputs]
     _retarget_to_host(gm)
+    _constants_to_host(gm)
     FakeTensorProp(gm, mode=fake_mode).propagate_dont_convert_inputs(*host_inputs)
-    compiled = compile_fx_inner(gm, host_inputs, **kwargs)
+    compiled = _compile_host_graph(gm, host_inputs, kwargs)
     with metrics.lock:
         metrics.host_graphs += 1
     return HostGraph(compiled, device, device_outputs)
@@ -253,4 +388,8 @@ def neuron_backend(
     _reject_dynamic(graph_module)
     _turn_off_automatic_dynamic()
     _note_compile(graph_module)
-    return compile_fx(graph_module, example_inputs, inner_compile=_inner_compile)
+    neff_cache()  # fixes where Inductor's kernel cache goes before anything is compiled
+    # AOT Autograd's own cache would hand back graphs compiled in an earlier process without
+    # asking ours; the neuron cache is the one that checks entries.
+    with torch._functorch.config.patch(enable_autograd_cache=False):
+        return compile_fx(graph_module, example_inputs, inner_compile=_inner_compile)

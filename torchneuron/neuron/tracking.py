@@ -27,12 +27,15 @@ def get_dynamo_metrics() -> dict[str, Any]:
     From Dynamo: graphs captured, frames, its recompile counters. From the neuron backend:
     ``compiles`` (graphs Dynamo handed to it), ``recompiles`` and ``recompile_reasons`` (later
     graphs of an already compiled frame, with the inputs whose shape changed), and
-    ``host_graphs`` (forward, backward and inference graphs lowered to host code).
+    ``host_graphs`` (forward, backward and inference graphs lowered to host code); from the
+    compiled-graph cache (TORCH_NEURONX_NEFF_CACHE_DIR): ``cache_hits``, ``cache_misses``,
+    ``cache_corrupted`` (entries found damaged, removed and compiled again).
     """
     from torch._dynamo.utils import counters
 
-    from ..compile import metrics
+    from ..compile import metrics, neff_cache
 
+    cache = neff_cache()
     stats = counters["stats"]
     recompiles = dict(counters["recompiles"])
     with metrics.lock:
@@ -41,6 +44,9 @@ def get_dynamo_metrics() -> dict[str, Any]:
             "recompiles": metrics.recompiles,
             "recompile_reasons": list(metrics.recompile_reasons),
             "host_graphs": metrics.host_graphs,
+            "cache_hits": cache.hits,
+            "cache_misses": cache.misses,
+            "cache_corrupted": cache.corrupted,
         }
     return {
         "unique_graphs": int(stats.get("unique_graphs", 0)),
@@ -57,8 +63,9 @@ def reset_dynamo_metrics() -> None:
     """Clears Dynamo's counters and the neuron backend's."""
     from torch._dynamo.utils import counters
 
-    from ..compile import metrics
+    from ..compile import metrics, neff_cache
 
     counters.clear()
     with metrics.lock:
         metrics.reset()
+    neff_cache().reset_counters()
