@@ -187,3 +187,98 @@ def test_other_modes_are_refused_with_the_alternative(mode):
 def test_options_are_refused():
     with pytest.raises(neuron_compile.NeuronCompileError, match="backend='inductor'"):
         neuron_compile._reject_options({"options": {"max_autotune": True}})
+
+
+# Ops from the conformance harness's OpInfo database; the first three float32 samples of
+# each, compiled (forward) and compared with the same op run eagerly on neuron.
+COMPILED_OPS = [
+    "add",
+    "mul",
+    "div.no_rounding_mode",
+    "exp",
+    "tanh",
+    "where",
+    "sum",
+    "mean",
+    "amax",
+    "softmax",
+    "nn.functional.layer_norm",
+    "nn.functional.gelu",
+    "matmul",
+    "cat",
+    "transpose",
+]
+
+
+@pytest.fixture(scope="module")
+def opinfos():
+    from torchneuron.tools import op_coverage
+
+    return op_coverage.ops_by_key()
+
+
+@pytest.mark.parametrize("key", COMPILED_OPS)
+def test_opinfo_samples_compiled_match_eager(key, opinfos):
+    from torchneuron.tools import op_coverage
+
+    opinfo = opinfos[key]
+    samples = op_coverage.generate_samples(opinfo, "float32", op_coverage.FORWARD)[:3]
+    assert samples, key
+    for sample in samples:
+        torch._dynamo.reset()
+        inp, args, kwargs = op_coverage.neuron_copy(opinfo, sample)
+        expected = opinfo.op(inp, *args, **kwargs)
+        got = torch.compile(
+            lambda x, *a, **k: opinfo.op(x, *a, **k), backend="neuron", fullgraph=True
+        )(inp, *args, **kwargs)
+        for e, g in zip(op_coverage._tensors(expected), op_coverage._tensors(got), strict=True):
+            assert g.device == e.device, key
+            torch.testing.assert_close(g.cpu(), e.cpu(), **TOL)
+
+
+def test_trainer_torch_compile_picks_neuron_and_trains_like_eager(tmp_path):
+    """Transformers' Trainer(torch_compile=True) on the device asks Accelerate for the
+    "neuron" backend (its own code); three steps equal three eager steps."""
+    import copy
+
+    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(config)
+    ids = torch.randint(0, 64, (12, 16), generator=torch.Generator().manual_seed(0))
+    data = [{"input_ids": row, "labels": row} for row in ids]
+    states = {}
+    for compiled in (False, True):
+        model = copy.deepcopy(base)
+        args = TrainingArguments(
+            output_dir=str(tmp_path / str(compiled)),
+            torch_compile=compiled,
+            max_steps=3,
+            per_device_train_batch_size=2,
+            learning_rate=1e-3,
+            report_to=[],
+            save_strategy="no",
+            logging_strategy="no",
+            seed=0,
+        )
+        if compiled:
+            assert args.torch_compile_backend == "neuron"
+        assert args.device.type == "neuron"
+        torch.neuron.reset_dynamo_metrics()
+        trainer = Trainer(model=model, args=args, train_dataset=data)
+        trainer.train()
+        if compiled:
+            assert isinstance(trainer.model_wrapped, torch._dynamo.eval_frame.OptimizedModule)
+            assert torch.neuron.get_dynamo_metrics()["compiles"] >= 1
+        states[compiled] = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    for name, value in states[False].items():
+        torch.testing.assert_close(states[True][name], value, **TOL, msg=name)
