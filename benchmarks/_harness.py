@@ -22,8 +22,8 @@ Op = Callable[[], object]
 
 
 def sync(device: str) -> None:
-    """Wait for queued work on ``device`` (a no-op for CPU)."""
-    if device == "neuron":
+    """Wait for queued work on ``device`` (a no-op for CPU); "neuron ..." labels count."""
+    if device.startswith("neuron"):
         torch.neuron.synchronize()
 
 
@@ -42,7 +42,8 @@ def interleaved(
 ) -> dict[str, float]:
     """Median seconds per call for each device, from alternating blocks after warm-up.
 
-    The keys of ``fns`` name the device each function runs on ("cpu" or "neuron").
+    The keys of ``fns`` label what each function runs; a label starting with "neuron" is
+    synchronised with the device after each block.
     """
     devices = list(fns)
     for _ in range(warmup):

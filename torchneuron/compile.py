@@ -153,13 +153,15 @@ def _note_compile(gm: torch.fx.GraphModule) -> None:
         ]
         reason = "; ".join(changed) if changed else "a guard on something other than a shape failed"
         metrics.recompile_reasons.append(reason)
-    advice = f" ({PAD_ADVICE})" if changed else ""
+    if not changed:  # another module or a changed Python value: Dynamo's business, not shapes
+        log.info("neuron: recompiling %s: %s", compile_id, reason)
+        return
     log.warning(
-        "neuron: recompiling %s (graph %d of this frame): %s%s",
-        gm.meta.get("dynamo_compile_id", compile_id),
+        "neuron: recompiling %s (graph %d of this frame): %s (%s)",
+        compile_id,
         len(seen),
         reason,
-        advice,
+        PAD_ADVICE,
     )
 
 
