@@ -344,7 +344,16 @@ def _compile_host_graph(
         with torch._inductor.config.patch(fx_graph_cache=False):
             compiled = compile_fx_inner(gm, host_inputs, **kwargs)
         source = getattr(compiled, "source_code", None)
-        if isinstance(source, str) and not getattr(compiled, "constants", None):
+        holds_values = any(
+            getattr(compiled, name, None)
+            for name in (
+                "constants",
+                "frozen_param_names",
+                "torchbind_constants",
+                "opaque_value_type_classes",
+            )
+        )
+        if isinstance(source, str) and not holds_values:  # the source alone reproduces it
             try:
                 cache.put(key, source.encode())
             except OSError as error:
