@@ -20,7 +20,7 @@ namespace py = pybind11;
 namespace torchneuron {
 namespace {
 
-bool is_device_tensor(const py::handle& item) {
+bool holds_device_tensor(const py::handle& item) {
   if (!THPVariable_Check(item.ptr())) return false;
   const at::Tensor& t = THPVariable_Unpack(item.ptr());
   return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1;
@@ -37,7 +37,7 @@ py::list call_host_graph(const py::function& fn, const py::list& args, int devic
   py::list host_args(args.size());
   for (size_t i = 0; i < args.size(); ++i) {
     py::handle item = args[i];
-    if (is_device_tensor(item)) {
+    if (holds_device_tensor(item)) {
       const at::Tensor& t = THPVariable_Unpack(item.ptr());
       TORCH_CHECK(t.device().index() == index, "compiled neuron graph for neuron:", device,
                   " got an input on ", t.device(),

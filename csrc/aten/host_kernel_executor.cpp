@@ -18,6 +18,7 @@
 
 #include "allocation_redirect.h"
 #include "caching_allocator.h"
+#include "device_placement.h"
 #include "device_state.h"
 #include "generator.h"
 #include "host_alias.h"
@@ -88,90 +89,30 @@ const OpPlan& plan_for(const c10::OperatorHandle& op) {
   return *slot;
 }
 
-bool is_device(const at::Tensor& t) {
-  return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1;
-}
-
-// Finds the op's device and rejects CPU tensors where a device tensor is required.
-class DeviceResolver {
- public:
-  DeviceResolver(const OpPlan& plan, const c10::FunctionSchema& schema)
-      : plan_(plan), schema_(schema) {}
-
-  void visit(const at::Tensor& t, size_t arg) {
-    if (!t.defined()) return;
-    if (is_device(t)) {
-      const auto index = t.device().index();
-      if (device_ < 0) {
-        device_ = index;
-      } else {
-        TORCH_CHECK(index == device_,
-                    "Expected all tensors to be on the same device, but found at least two "
-                    "devices, neuron:",
-                    static_cast<int>(device_), " and neuron:", static_cast<int>(index),
-                    "! (argument '", schema_.arguments()[arg].name(), "' of ", plan_.name,
-                    "). Move them to one device with .to('neuron:N').");
-      }
-    } else if (t.device().is_cpu()) {
-      if (t.dim() == 0 || plan_.allows_host[arg]) return;  // CPU scalars are fine, as on CUDA
-      saw_host_arg_ = static_cast<int>(arg);
-    } else {
-      TORCH_CHECK(false, "Expected all tensors to be on the same device, but found a tensor on ",
-                  t.device(), " in argument '", schema_.arguments()[arg].name(), "' of ",
-                  plan_.name, ". Move it with .to('neuron').");
-    }
-  }
-
-  void visit_device(const c10::Device& device) {
-    if (device.type() == c10::DeviceType::PrivateUse1 && device_ < 0) {
-      device_ = device.has_index() ? device.index() : current_device();
-    }
-  }
-
-  c10::DeviceIndex finish() const {
-    TORCH_CHECK(device_ >= 0, plan_.name,
-                " was dispatched to the neuron backend but has no neuron tensor or device "
-                "argument (a neuron generator with CPU tensors?). Use a CPU generator for CPU "
-                "tensors.");
-    TORCH_CHECK(saw_host_arg_ < 0,
-                "Expected all tensors to be on the same device, but found at least two devices, "
-                "neuron:",
-                static_cast<int>(device_), " and cpu! (argument '",
-                schema_.arguments()[saw_host_arg_].name(), "' of ", plan_.name,
-                "). Move the CPU tensor to the device with .to('neuron'), or the neuron "
-                "tensors to the host with .cpu().");
-    return device_;
-  }
-
- private:
-  const OpPlan& plan_;
-  const c10::FunctionSchema& schema_;
-  c10::DeviceIndex device_ = -1;
-  int saw_host_arg_ = -1;
-};
-
 void run_on_host_kernels(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::FunctionSchema& schema = op.schema();
   const OpPlan& plan = plan_for(op);
   const size_t num_args = schema.arguments().size();
   const size_t first = stack->size() - num_args;
 
-  DeviceResolver resolver(plan, schema);
+  DevicePlacement placement(plan.name.c_str());
   for (size_t i = 0; i < num_args; ++i) {
     const c10::IValue& value = (*stack)[first + i];
+    const char* arg = schema.arguments()[i].name().c_str();
+    const bool host_allowed = plan.allows_host[i];
     if (value.isTensor()) {
-      resolver.visit(value.toTensor(), i);
+      placement.visit(value.toTensor(), arg, host_allowed);
     } else if (value.isTensorList()) {
-      for (const at::Tensor& t : value.toTensorList()) resolver.visit(t, i);
+      for (const at::Tensor& t : value.toTensorList()) placement.visit(t, arg, host_allowed);
     } else if (value.isOptionalTensorList()) {
       for (const std::optional<at::Tensor> t : value.toOptionalTensorList()) {
-        if (t.has_value()) resolver.visit(*t, i);
+        if (t.has_value()) placement.visit(*t, arg, host_allowed);
       }
     } else if (value.isDevice()) {
-      resolver.visit_device(value.toDevice());
+      placement.visit_device(value.toDevice());
     }
   }
-  const c10::DeviceIndex device = resolver.finish();
+  const c10::DeviceIndex device = placement.device();
 
   HostAliasSet aliases;
   c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 2> written;  // (neuron tensor, alias)
@@ -182,7 +123,7 @@ void run_on_host_kernels(const c10::OperatorHandle& op, torch::jit::Stack* stack
     if (plan.returns_arguments) originals.push_back(value);
     if (value.isTensor()) {
       const at::Tensor& t = value.toTensor();
-      if (is_device(t)) {
+      if (is_device_tensor(t)) {
         at::Tensor alias = aliases.alias(t);
         if (plan.is_written[i]) written.emplace_back(t, alias);
         value = std::move(alias);
@@ -191,7 +132,7 @@ void run_on_host_kernels(const c10::OperatorHandle& op, torch::jit::Stack* stack
       c10::List<at::Tensor> converted;
       converted.reserve(value.toTensorList().size());
       for (const at::Tensor& t : value.toTensorList()) {
-        if (is_device(t)) {
+        if (is_device_tensor(t)) {
           at::Tensor alias = aliases.alias(t);
           if (plan.is_written[i]) written.emplace_back(t, alias);
           converted.push_back(std::move(alias));
@@ -203,7 +144,8 @@ void run_on_host_kernels(const c10::OperatorHandle& op, torch::jit::Stack* stack
     } else if (value.isOptionalTensorList()) {
       c10::List<std::optional<at::Tensor>> converted;
       for (const std::optional<at::Tensor> t : value.toOptionalTensorList()) {
-        converted.push_back(t.has_value() && is_device(*t) ? std::optional(aliases.alias(*t)) : t);
+        converted.push_back(t.has_value() && is_device_tensor(*t) ? std::optional(aliases.alias(*t))
+                                                                  : t);
       }
       value = std::move(converted);
     } else if (value.isDevice()) {

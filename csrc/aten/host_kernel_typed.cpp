@@ -14,20 +14,17 @@
 #include <utility>
 
 #include "allocation_redirect.h"
+#include "device_placement.h"
 #include "host_alias.h"
 #include "op_tracking.h"
 
 namespace torchneuron {
 namespace {
 
-bool is_device(const at::Tensor& t) {
-  return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1;
-}
-
 // One call's device, aliases and argument checks.
 class TypedCall {
  public:
-  explicit TypedCall(const char* op) : op_(op) {}
+  explicit TypedCall(const char* op) : placement_(op) {}
 
   template <class T>
   void visit(const T& value) {
@@ -44,52 +41,23 @@ class TypedCall {
   decltype(auto) to_host(T&& value) {
     using Plain = std::decay_t<T>;
     if constexpr (std::is_same_v<Plain, at::Tensor>) {
-      return is_device(value) ? aliases_.alias(value) : at::Tensor(value);
+      return is_device_tensor(value) ? aliases_.alias(value) : at::Tensor(value);
     } else if constexpr (std::is_same_v<Plain, std::optional<at::Tensor>>) {
-      if (!value.has_value() || !is_device(*value)) return std::optional<at::Tensor>(value);
+      if (!value.has_value() || !is_device_tensor(*value)) return std::optional<at::Tensor>(value);
       return std::optional<at::Tensor>(aliases_.alias(*value));
     } else {
       return std::forward<T>(value);
     }
   }
 
-  c10::DeviceIndex device() const {
-    TORCH_CHECK(host_arg_ < 0,
-                "Expected all tensors to be on the same device, but found at least two devices, "
-                "neuron:",
-                static_cast<int>(device_), " and cpu! (", op_,
-                "). Move the CPU tensor to the device with .to('neuron'), or the neuron tensors "
-                "to the host with .cpu().");
-    return device_;
-  }
+  c10::DeviceIndex device() const { return placement_.device(); }
 
   HostAliasSet& aliases() { return aliases_; }
 
  private:
-  void visit_tensor(const at::Tensor& t) {
-    if (!t.defined()) return;
-    if (is_device(t)) {
-      const auto index = t.device().index();
-      if (device_ < 0) {
-        device_ = index;
-      } else {
-        TORCH_CHECK(index == device_,
-                    "Expected all tensors to be on the same device, but found at least two "
-                    "devices, neuron:",
-                    static_cast<int>(device_), " and neuron:", static_cast<int>(index), "! (", op_,
-                    "). Move them to one device with .to('neuron:N').");
-      }
-    } else if (t.device().is_cpu()) {
-      if (t.dim() != 0) host_arg_ = 0;  // CPU scalars are fine, as on CUDA
-    } else {
-      TORCH_CHECK(false, "Expected all tensors to be on the same device, but found a tensor on ",
-                  t.device(), " in ", op_, ". Move it with .to('neuron').");
-    }
-  }
+  void visit_tensor(const at::Tensor& t) { placement_.visit(t); }
 
-  const char* op_;
-  c10::DeviceIndex device_ = -1;
-  int host_arg_ = -1;
+  DevicePlacement placement_;
   HostAliasSet aliases_;
 };
 

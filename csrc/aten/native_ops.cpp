@@ -12,6 +12,7 @@
 
 #include "allocation_redirect.h"
 #include "caching_allocator.h"
+#include "device_placement.h"
 #include "device_state.h"
 #include "device_storage.h"
 #include "host_alias.h"
@@ -21,10 +22,6 @@ namespace torchneuron {
 namespace {
 
 constexpr auto kNeuronKeys = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1);
-
-bool is_device(const at::Tensor& t) {
-  return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1;
-}
 
 void count(OpCounter& counter) { counter.executed.fetch_add(1, std::memory_order_relaxed); }
 
@@ -135,9 +132,10 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
   static OpCounter& counter = op_counter_named("aten::_copy_from");
   count(counter);
   HostAliasSet aliases;
-  const at::Tensor src_host = is_device(self) ? aliases.alias(self) : self;
-  const at::Tensor dst_host = is_device(dst) ? aliases.alias(dst) : dst;
-  const c10::DeviceIndex device = is_device(dst) ? dst.device().index() : self.device().index();
+  const at::Tensor src_host = is_device_tensor(self) ? aliases.alias(self) : self;
+  const at::Tensor dst_host = is_device_tensor(dst) ? aliases.alias(dst) : dst;
+  const c10::DeviceIndex device =
+      is_device_tensor(dst) ? dst.device().index() : self.device().index();
   const DeviceAllocationScope scope(device);
   const_cast<at::Tensor&>(dst_host).copy_(src_host);
   return dst;
@@ -145,7 +143,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
 
 at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
   if (dst.sizes() != self.sizes()) {
-    if (is_device(dst)) {
+    if (is_device_tensor(dst)) {
       resize_(dst, self.sizes(), std::nullopt);
     } else {
       dst.resize_(self.sizes());
