@@ -107,3 +107,32 @@ def _restore_current_device_and_stream():
     yield
     torch.neuron.set_device(0)
     torch.neuron.set_stream(torch.neuron.default_stream(0))
+
+
+def tiny_llama_config(**overrides: object):  # noqa: ANN201 - transformers type
+    """A two-layer Llama config small enough to build and run in milliseconds."""
+    from transformers import LlamaConfig
+
+    sizes: dict[str, object] = {
+        "vocab_size": 64,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 64,
+        "pad_token_id": 0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
+    sizes.update(overrides)
+    return LlamaConfig(**sizes)
+
+
+def tiny_llama(**overrides: object):  # noqa: ANN201 - transformers type
+    """A tiny Llama with random weights from seed 0 (the same weights on every call)."""
+    from transformers import LlamaForCausalLM
+
+    config = tiny_llama_config(**overrides)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config)

@@ -12,6 +12,7 @@ import logging
 import pytest
 import torch
 import torch._dynamo
+from conftest import tiny_llama
 
 import torchneuron.compile as neuron_compile
 
@@ -241,19 +242,9 @@ def test_trainer_torch_compile_picks_neuron_and_trains_like_eager(tmp_path):
     "neuron" backend (its own code); three steps equal three eager steps."""
     import copy
 
-    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+    from transformers import Trainer, TrainingArguments
 
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    base = LlamaForCausalLM(config)
+    base = tiny_llama()
     ids = torch.randint(0, 64, (12, 16), generator=torch.Generator().manual_seed(0))
     data = [{"input_ids": row, "labels": row} for row in ids]
     states = {}

@@ -8,6 +8,7 @@ import importlib.util
 
 import pytest
 import torch
+from conftest import tiny_llama as build_tiny_llama
 
 LOGITS_TOL = {"rtol": 1e-5, "atol": 1e-5}
 
@@ -61,29 +62,16 @@ def test_diffusers_detects_neuron():
 
 
 @pytest.fixture(scope="module")
-def tiny_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        vocab_size=128,
-        max_position_embeddings=64,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    torch.manual_seed(0)
-    cpu = LlamaForCausalLM(config).eval()
+def llama_pair():
+    cpu = build_tiny_llama(
+        hidden_size=64, intermediate_size=128, num_key_value_heads=4, vocab_size=128
+    ).eval()
     neuron = copy.deepcopy(cpu).to("neuron")
     return cpu, neuron
 
 
-def test_tiny_llama_logits_match_cpu(tiny_llama):
-    cpu, neuron = tiny_llama
+def test_tiny_llama_logits_match_cpu(llama_pair):
+    cpu, neuron = llama_pair
     assert all(p.device.type == "neuron" for p in neuron.parameters())
     torch.manual_seed(1)
     ids = torch.randint(3, 128, (2, 12))
@@ -96,8 +84,8 @@ def test_tiny_llama_logits_match_cpu(tiny_llama):
     torch.testing.assert_close(got.cpu(), expected, **LOGITS_TOL)
 
 
-def test_tiny_llama_greedy_generate_matches_cpu(tiny_llama):
-    cpu, neuron = tiny_llama
+def test_tiny_llama_greedy_generate_matches_cpu(llama_pair):
+    cpu, neuron = llama_pair
     torch.manual_seed(2)
     ids = torch.randint(3, 128, (1, 6))
     kwargs = {"max_new_tokens": 10, "do_sample": False, "min_new_tokens": 10}
@@ -108,8 +96,8 @@ def test_tiny_llama_greedy_generate_matches_cpu(tiny_llama):
     assert got.cpu().tolist() == expected.tolist()
 
 
-def test_tiny_llama_training_step_matches_cpu(tiny_llama):
-    cpu, neuron = tiny_llama
+def test_tiny_llama_training_step_matches_cpu(llama_pair):
+    cpu, neuron = llama_pair
     cpu_model = copy.deepcopy(cpu).train()
     dev_model = copy.deepcopy(neuron).train()
     torch.manual_seed(3)

@@ -14,6 +14,7 @@ import importlib.util
 
 import pytest
 import torch
+from conftest import tiny_llama
 
 LOGITS_TOL = {"rtol": 1e-5, "atol": 1e-5}
 EMBEDDING_ATOL = 1e-5
@@ -69,23 +70,8 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def llama_dir(tmp_path_factory, tokenizer):
     """A tiny Llama with random weights saved locally (safetensors), with its tokenizer."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=64,
-        max_position_embeddings=128,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=2,
-    )
-    assert len(tokenizer) <= config.vocab_size
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config).eval()
+    model = tiny_llama(hidden_size=64, intermediate_size=128, max_position_embeddings=128).eval()
+    assert len(tokenizer) <= model.config.vocab_size
     path = tmp_path_factory.mktemp("tiny_llama")
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)

@@ -18,6 +18,7 @@ import tempfile
 
 import pytest
 import torch
+from conftest import tiny_llama
 from torch import nn
 
 STEPS = 3
@@ -158,22 +159,6 @@ def test_neuron_is_a_fused_and_foreach_device():
     optimizer.step()
     assert optimizer.defaults["fused"] is True
     assert (p.detach().cpu() < 1).all()
-
-
-def tiny_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-    torch.manual_seed(0)
-    return LlamaForCausalLM(config)
 
 
 def test_transformers_adamw_torch_fused():

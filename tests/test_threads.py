@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+from conftest import tiny_llama_config
 
 EXACT = {"rtol": 0, "atol": 0}
 THREADS = 4
@@ -122,20 +123,6 @@ def test_thread_pool_to_device_like_transformers():
             torch.testing.assert_close(loaded[key].cpu(), value, **EXACT)
 
 
-def tiny_llama_config():
-    from transformers import LlamaConfig
-
-    return LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
-
-
 @pytest.mark.parametrize("device_map", ["neuron", {"": "neuron:1"}])
 def test_transformers_async_weight_loading(tmp_path, monkeypatch, device_map):
     """from_pretrained(..., device_map='neuron') with the loader's thread pool (no
@@ -147,7 +134,11 @@ def test_transformers_async_weight_loading(tmp_path, monkeypatch, device_map):
     assert "HF_DEACTIVATE_ASYNC_LOAD" not in os.environ
 
     torch.manual_seed(0)
-    reference = LlamaForCausalLM(tiny_llama_config()).eval()
+    reference = LlamaForCausalLM(
+        tiny_llama_config(
+            vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=4
+        )
+    ).eval()
     reference.save_pretrained(tmp_path)
 
     # Record which threads the loader's copies run on, to be sure the async path was taken.
