@@ -273,3 +273,32 @@ def test_trainer_torch_compile_picks_neuron_and_trains_like_eager(tmp_path):
         states[compiled] = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     for name, value in states[False].items():
         torch.testing.assert_close(states[True][name], value, **TOL, msg=name)
+
+
+def test_default_inductor_compiles_neuron_tensors():
+    """Plain torch.compile (Inductor) on neuron tensors: the device is registered with Dynamo
+    and Inductor, whose C++ kernels write device memory; forward and backward equal CPU."""
+    from torch._dynamo.device_interface import get_interface_for_device
+
+    def f(x, w):
+        return torch.nn.functional.gelu(x @ w).sum(-1) + torch.softmax(x, -1).amax()
+
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(8, 16, generator=g), torch.randn(16, 16, generator=g)
+    torch.neuron.clear_op_tracking()
+    got = torch.compile(f)(x.to("neuron"), w.to("neuron"))
+    assert got.device.type == "neuron"
+    torch.testing.assert_close(got.cpu(), f(x, w), **TOL)
+    assert get_interface_for_device("neuron").device_count() == torch.neuron.device_count()
+    assert torch.neuron.get_fallback_ops() == {}
+
+    torch.manual_seed(0)
+    cpu = _mlp()
+    dev = _mlp()
+    dev.load_state_dict(cpu.state_dict())
+    dev.to("neuron")
+    cpu(x).square().mean().backward()
+    torch.compile(dev)(x.to("neuron")).square().mean().backward()
+    for p, q in zip(cpu.parameters(), dev.parameters(), strict=True):
+        assert q.grad.device.type == "neuron"
+        torch.testing.assert_close(q.grad.cpu(), p.grad, **TOL)

@@ -28,6 +28,9 @@ def _register() -> None:
     torch.utils.rename_privateuse1_backend("neuron")
     torch._register_device_module("neuron", device_module)
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
+    from . import inductor_device
+
+    inductor_device.install()  # neuron for the default torch.compile, once Inductor loads
     _registered = True
 
 
