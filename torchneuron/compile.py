@@ -243,6 +243,18 @@ def neff_cache() -> NeffCache:
         return _cache
 
 
+def cache_counters(reset: bool = False) -> dict[str, int]:
+    """hits / misses / corrupted of the cache, without creating it (zeros before any compile)."""
+    with _cache_guard:
+        cache = _cache
+    if cache is None:
+        return {"hits": 0, "misses": 0, "corrupted": 0}
+    counters = {"hits": cache.hits, "misses": cache.misses, "corrupted": cache.corrupted}
+    if reset:
+        cache.reset_counters()
+    return counters
+
+
 def _keep_inductor_kernels_beside(root: Path) -> None:
     """Inductor's kernel cache (compiled C++ libraries) moves under the neuron cache.
 

@@ -33,9 +33,9 @@ def get_dynamo_metrics() -> dict[str, Any]:
     """
     from torch._dynamo.utils import counters
 
-    from ..compile import metrics, neff_cache
+    from ..compile import cache_counters, metrics
 
-    cache = neff_cache()
+    cache = cache_counters()
     stats = counters["stats"]
     recompiles = dict(counters["recompiles"])
     with metrics.lock:
@@ -44,9 +44,9 @@ def get_dynamo_metrics() -> dict[str, Any]:
             "recompiles": metrics.recompiles,
             "recompile_reasons": list(metrics.recompile_reasons),
             "host_graphs": metrics.host_graphs,
-            "cache_hits": cache.hits,
-            "cache_misses": cache.misses,
-            "cache_corrupted": cache.corrupted,
+            "cache_hits": cache["hits"],
+            "cache_misses": cache["misses"],
+            "cache_corrupted": cache["corrupted"],
         }
     return {
         "unique_graphs": int(stats.get("unique_graphs", 0)),
@@ -63,9 +63,9 @@ def reset_dynamo_metrics() -> None:
     """Clears Dynamo's counters and the neuron backend's."""
     from torch._dynamo.utils import counters
 
-    from ..compile import metrics, neff_cache
+    from ..compile import cache_counters, metrics
 
     counters.clear()
     with metrics.lock:
         metrics.reset()
-    neff_cache().reset_counters()
+    cache_counters(reset=True)
