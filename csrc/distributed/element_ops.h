@@ -1,0 +1,31 @@
+// Element types and reductions of the collectives, without torch: the c10d layer maps
+// torch dtypes and ReduceOps onto these.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace nrt::dist {
+
+enum class ElementType : uint8_t {
+  kFloat32,
+  kFloat64,
+  kBFloat16,
+  kFloat16,
+  kInt8,
+  kUInt8,
+  kInt32,
+  kInt64,
+  kBool
+};
+enum class ReduceOp : uint8_t { kSum, kProduct, kMax, kMin };
+
+size_t element_size(ElementType type);
+const char* element_type_name(ElementType type);
+const char* reduce_op_name(ReduceOp op);
+
+// dst[i] = dst[i] (op) src[i] for `count` elements. 16-bit floats are combined in float32
+// and rounded back (to nearest even) after each combination, as Gloo's pairwise reduction.
+void reduce_into(void* dst, const void* src, size_t count, ElementType type, ReduceOp op);
+
+}  // namespace nrt::dist

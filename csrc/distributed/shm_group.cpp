@@ -1,0 +1,269 @@
+#include "shm_group.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+namespace nrt::dist {
+namespace {
+
+constexpr uint64_t kMagic = 0x746e6e65636f6c6cULL;  // "tnnecoll"
+
+struct Description {
+  uint64_t sequence;  // the barrier this collective starts at
+  uint32_t kind;
+  uint32_t type;
+  uint64_t count;
+  uint32_t extra;  // reduce op or root
+  uint32_t unused;
+};
+
+struct alignas(64) RankState {
+  std::atomic<uint64_t> arrived;
+  std::atomic<int32_t> pid;
+  Description description;
+};
+
+const char* const kCollectiveNames[] = {"barrier", "all_reduce", "all_gather", "reduce_scatter",
+                                        "broadcast"};
+
+// A zombie (exited, not yet reaped by its parent) answers kill(pid, 0) like a live process.
+bool process_running(int pid) {
+  if (pid <= 0 || (kill(pid, 0) != 0 && errno != EPERM)) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return true;  // no procfs: trust kill()
+  const auto paren = line.rfind(')');
+  return paren == std::string::npos || paren + 2 >= line.size() ||
+         (line[paren + 2] != 'Z' && line[paren + 2] != 'X');
+}
+
+size_t header_bytes() {
+  return (sizeof(uint64_t) * 2 + sizeof(RankState) * kMaxRanks + 63) / 64 * 64 + 64;
+}
+
+}  // namespace
+
+struct ShmGroup::Header {
+  std::atomic<uint64_t> magic;
+  uint64_t size;
+  RankState ranks[kMaxRanks];
+};
+
+const char* collective_name(uint32_t kind) {
+  return kind < sizeof(kCollectiveNames) / sizeof(kCollectiveNames[0]) ? kCollectiveNames[kind]
+                                                                       : "unknown";
+}
+
+ShmGroup::ShmGroup(const GroupOptions& options)
+    : rank_(options.rank),
+      size_(options.size),
+      slot_bytes_(options.slot_bytes),
+      timeout_(options.timeout) {
+  if (size_ < 1 || size_ > kMaxRanks) {
+    throw std::invalid_argument("shared-memory group size must be 1.." + std::to_string(kMaxRanks) +
+                                ", got " + std::to_string(size_));
+  }
+  if (rank_ < 0 || rank_ >= size_) {
+    throw std::invalid_argument("rank " + std::to_string(rank_) + " is outside a group of " +
+                                std::to_string(size_));
+  }
+  if (slot_bytes_ < 8 * kMaxRanks || slot_bytes_ % 64 != 0) {
+    throw std::invalid_argument("slot_bytes must be a multiple of 64, at least " +
+                                std::to_string(8 * kMaxRanks));
+  }
+  const size_t total = header_bytes() + slot_bytes_ * static_cast<size_t>(size_);
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  if (rank_ == 0) {
+    segment_ = SharedSegment::create(options.name, total);
+    auto* h = static_cast<Header*>(segment_.data());
+    h->size = static_cast<uint64_t>(size_);
+    for (auto& r : h->ranks) {
+      r.arrived.store(0, std::memory_order_relaxed);
+      r.pid.store(0, std::memory_order_relaxed);
+    }
+    h->magic.store(kMagic, std::memory_order_release);
+  } else {
+    segment_ = SharedSegment::open(options.name, total, deadline);
+    auto* h = static_cast<Header*>(segment_.data());
+    while (h->magic.load(std::memory_order_acquire) != kMagic) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        throw std::runtime_error("timed out waiting for rank 0 to set up " + options.name);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (h->size != static_cast<uint64_t>(size_)) {
+      throw std::runtime_error("shared-memory group " + options.name + " was created for " +
+                               std::to_string(h->size) + " ranks, this rank expects " +
+                               std::to_string(size_));
+    }
+  }
+  header()->ranks[rank_].pid.store(static_cast<int32_t>(getpid()), std::memory_order_release);
+  arrive_and_wait("group set-up");
+  // Everyone is attached: drop the name, so nothing is left behind when processes exit.
+  segment_.unlink();
+}
+
+ShmGroup::~ShmGroup() { segment_.unlink(); }
+
+ShmGroup::Header* ShmGroup::header() const { return static_cast<Header*>(segment_.data()); }
+
+char* ShmGroup::slot(int r) const {
+  return static_cast<char*>(segment_.data()) + header_bytes() +
+         slot_bytes_ * static_cast<size_t>(r);
+}
+
+void ShmGroup::arrive_and_wait(const char* what) {
+  const uint64_t target = ++sequence_;
+  Header* h = header();
+  h->ranks[rank_].arrived.store(target, std::memory_order_release);
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  for (int r = 0; r < size_; ++r) {
+    unsigned spins = 0;
+    while (h->ranks[r].arrived.load(std::memory_order_acquire) < target) {
+      if (++spins < 2000) continue;
+      if (spins < 4000) {
+        std::this_thread::yield();
+        continue;
+      }
+      if (std::chrono::steady_clock::now() >= deadline) fail_timeout(what, target);
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+}
+
+void ShmGroup::fail_timeout(const char* what, uint64_t target) {
+  std::string missing;
+  for (int r = 0; r < size_; ++r) {
+    if (header()->ranks[r].arrived.load(std::memory_order_acquire) >= target) continue;
+    const int pid = header()->ranks[r].pid.load(std::memory_order_acquire);
+    const bool alive = process_running(pid);
+    if (!missing.empty()) missing += ", ";
+    missing +=
+        "rank " + std::to_string(r) +
+        (pid <= 0 ? " (never attached)"
+                  : " (pid " + std::to_string(pid) +
+                        (alive ? ", running: stalled or in another collective)" : ", exited)"));
+  }
+  throw std::runtime_error(std::string("neuron collective ") + what + " timed out after " +
+                           std::to_string(timeout_.count()) + " ms on rank " +
+                           std::to_string(rank_) + ": waiting for " + missing);
+}
+
+void ShmGroup::begin(Kind kind, uint64_t count, ElementType type, uint32_t extra) {
+  Description& mine = header()->ranks[rank_].description;
+  mine = Description{
+      sequence_ + 1, static_cast<uint32_t>(kind), static_cast<uint32_t>(type), count, extra, 0};
+  arrive_and_wait(collective_name(static_cast<uint32_t>(kind)));
+  for (int r = 0; r < size_; ++r) {
+    const Description& other = header()->ranks[r].description;
+    if (other.sequence != mine.sequence || other.kind != mine.kind || other.type != mine.type ||
+        other.count != mine.count || other.extra != mine.extra) {
+      fail_mismatch(r);
+    }
+  }
+}
+
+void ShmGroup::fail_mismatch(int other) {
+  const Description& a = header()->ranks[rank_].description;
+  const Description& b = header()->ranks[other].description;
+  auto describe = [](const Description& d) {
+    return std::string(collective_name(d.kind)) + "(" + std::to_string(d.count) + " x " +
+           element_type_name(static_cast<ElementType>(d.type)) + ", op/root " +
+           std::to_string(d.extra) + ", call #" + std::to_string(d.sequence) + ")";
+  };
+  throw std::runtime_error("neuron collectives do not match across ranks: rank " +
+                           std::to_string(rank_) + " called " + describe(a) + ", rank " +
+                           std::to_string(other) + " called " + describe(b) +
+                           ". Every rank must issue the same collectives, in the same order, "
+                           "with the same sizes and dtypes.");
+}
+
+void ShmGroup::barrier() {
+  begin(Kind::kBarrier, 0, ElementType::kUInt8, 0);
+  // A second arrival: no rank may publish its next description while another still checks.
+  arrive_and_wait("barrier");
+}
+
+void ShmGroup::all_reduce(void* data, size_t count, ElementType type, ReduceOp op) {
+  begin(Kind::kAllReduce, count, type, static_cast<uint32_t>(op));
+  const size_t esize = element_size(type);
+  const size_t per_chunk = slot_bytes_ / esize;
+  auto* bytes = static_cast<char*>(data);
+  for (size_t offset = 0; offset < count; offset += per_chunk) {
+    const size_t n = std::min(per_chunk, count - offset);
+    std::memcpy(slot(rank_), bytes + offset * esize, n * esize);
+    arrive_and_wait("all_reduce");
+    // Each rank reduces its share of the chunk into rank 0's slot (shares are disjoint).
+    const size_t share = (n + size_ - 1) / size_;
+    const size_t lo = std::min(n, share * rank_);
+    const size_t hi = std::min(n, lo + share);
+    for (int r = 1; r < size_ && hi > lo; ++r) {
+      reduce_into(slot(0) + lo * esize, slot(r) + lo * esize, hi - lo, type, op);
+    }
+    arrive_and_wait("all_reduce");
+    std::memcpy(bytes + offset * esize, slot(0), n * esize);
+    arrive_and_wait("all_reduce");  // slot 0 is free for the next chunk
+  }
+}
+
+void ShmGroup::all_gather(const void* in, void* out, size_t bytes) {
+  begin(Kind::kAllGather, bytes, ElementType::kUInt8, 0);
+  const auto* src = static_cast<const char*>(in);
+  auto* dst = static_cast<char*>(out);
+  for (size_t offset = 0; offset < bytes; offset += slot_bytes_) {
+    const size_t n = std::min(slot_bytes_, bytes - offset);
+    std::memcpy(slot(rank_), src + offset, n);
+    arrive_and_wait("all_gather");
+    for (int r = 0; r < size_; ++r) std::memcpy(dst + bytes * r + offset, slot(r), n);
+    arrive_and_wait("all_gather");
+  }
+}
+
+void ShmGroup::reduce_scatter(const void* in, void* out, size_t count, ElementType type,
+                              ReduceOp op) {
+  begin(Kind::kReduceScatter, count, type, static_cast<uint32_t>(op));
+  const size_t esize = element_size(type);
+  const size_t per_chunk = std::max<size_t>(1, slot_bytes_ / esize / size_);
+  const auto* src = static_cast<const char*>(in);
+  auto* dst = static_cast<char*>(out);
+  for (size_t offset = 0; offset < count; offset += per_chunk) {
+    const size_t n = std::min(per_chunk, count - offset);
+    for (int block = 0; block < size_; ++block) {  // my input for every rank's block
+      std::memcpy(slot(rank_) + block * n * esize, src + (block * count + offset) * esize,
+                  n * esize);
+    }
+    arrive_and_wait("reduce_scatter");
+    std::memcpy(dst + offset * esize, slot(0) + rank_ * n * esize, n * esize);
+    for (int r = 1; r < size_; ++r) {
+      reduce_into(dst + offset * esize, slot(r) + rank_ * n * esize, n, type, op);
+    }
+    arrive_and_wait("reduce_scatter");
+  }
+}
+
+void ShmGroup::broadcast(void* data, size_t bytes, int root) {
+  if (root < 0 || root >= size_) {
+    throw std::invalid_argument("broadcast root " + std::to_string(root) +
+                                " is outside a group of " + std::to_string(size_));
+  }
+  begin(Kind::kBroadcast, bytes, ElementType::kUInt8, static_cast<uint32_t>(root));
+  auto* buf = static_cast<char*>(data);
+  for (size_t offset = 0; offset < bytes; offset += slot_bytes_) {
+    const size_t n = std::min(slot_bytes_, bytes - offset);
+    if (rank_ == root) std::memcpy(slot(root), buf + offset, n);
+    arrive_and_wait("broadcast");
+    if (rank_ != root) std::memcpy(buf + offset, slot(root), n);
+    arrive_and_wait("broadcast");
+  }
+}
+
+}  // namespace nrt::dist

@@ -1,0 +1,76 @@
+// A group of processes on one host exchanging data through one shared-memory segment.
+//
+// Layout: a header with one cache-line slot per rank (arrival counter, pid, the
+// description of the collective it is in), then one data slot per rank. Synchronisation is
+// by per-rank sequence numbers: a rank arrives at barrier n by publishing n and waits until
+// every rank has published n or more, so no shared counter needs resetting. A rank that
+// does not arrive within the timeout is named in the error (exited or stalled), and ranks
+// that enter different collectives, or the same one with other sizes or types, get an
+// error instead of mixing their data.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "element_ops.h"
+#include "shm_segment.h"
+
+namespace nrt::dist {
+
+constexpr int kMaxRanks = 64;
+
+struct GroupOptions {
+  std::string name;  // unique per group and host, e.g. "/torchneuron-<id>"
+  int rank = 0;
+  int size = 1;
+  size_t slot_bytes = 4 << 20;  // per-rank staging; larger messages go in chunks
+  std::chrono::milliseconds timeout{300000};
+};
+
+class ShmGroup {
+ public:
+  // Rank 0 creates the segment, the others open it; returns once all ranks are attached.
+  // The name is removed right after, so the memory goes away with the last process.
+  explicit ShmGroup(const GroupOptions& options);
+  ShmGroup(const ShmGroup&) = delete;
+  ShmGroup& operator=(const ShmGroup&) = delete;
+  ~ShmGroup();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  void barrier();
+  // In place over `count` elements of every rank's buffer.
+  void all_reduce(void* data, size_t count, ElementType type, ReduceOp op);
+  // out holds size() * bytes: rank r's `in` lands at out + r * bytes.
+  void all_gather(const void* in, void* out, size_t bytes);
+  // in holds size() * count elements; rank r receives the reduction of block r.
+  void reduce_scatter(const void* in, void* out, size_t count, ElementType type, ReduceOp op);
+  void broadcast(void* data, size_t bytes, int root);
+
+ private:
+  struct Header;
+  enum class Kind : uint32_t { kBarrier, kAllReduce, kAllGather, kReduceScatter, kBroadcast };
+
+  Header* header() const;
+  char* slot(int r) const;
+  // Publishes this rank's description of the collective and checks every rank's after
+  // the first barrier: same kind, element type, count, op and root.
+  void begin(Kind kind, uint64_t count, ElementType type, uint32_t extra);
+  void arrive_and_wait(const char* what);
+  [[noreturn]] void fail_timeout(const char* what, uint64_t target);
+  [[noreturn]] void fail_mismatch(int other);
+
+  int rank_;
+  int size_;
+  size_t slot_bytes_;
+  std::chrono::milliseconds timeout_;
+  uint64_t sequence_ = 0;  // barriers passed by this rank
+  SharedSegment segment_;
+};
+
+const char* collective_name(uint32_t kind);
+
+}  // namespace nrt::dist

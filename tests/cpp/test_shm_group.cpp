@@ -1,0 +1,189 @@
+// Shared-memory collectives between forked processes: results against closed forms,
+// chunking, 16-bit floats, a dead rank and mismatched calls.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "shm_group.h"
+
+using nrt::dist::ElementType;
+using nrt::dist::GroupOptions;
+using nrt::dist::ReduceOp;
+using nrt::dist::ShmGroup;
+
+namespace {
+
+std::string unique_name(const char* test) {
+  return "/tn-test-" + std::string(test) + "-" + std::to_string(getpid());
+}
+
+// Runs body(rank) in `size` forked processes; returns each child's exit status.
+std::vector<int> run_ranks(int size, const std::function<int(int)>& body) {
+  std::vector<pid_t> pids;
+  for (int r = 0; r < size; ++r) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      int code = 99;
+      try {
+        code = body(r);
+      } catch (const std::exception& e) {
+        fprintf(stderr, "rank %d: %s\n", r, e.what());
+        code = 98;
+      }
+      _exit(code);
+    }
+    pids.push_back(pid);
+  }
+  std::vector<int> codes;
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    codes.push_back(WIFEXITED(status) ? WEXITSTATUS(status) : 100);
+  }
+  return codes;
+}
+
+GroupOptions options(const std::string& name, int rank, int size, size_t slot = 4096) {
+  GroupOptions o;
+  o.name = name;
+  o.rank = rank;
+  o.size = size;
+  o.slot_bytes = slot;
+  o.timeout = std::chrono::milliseconds(20000);
+  return o;
+}
+
+uint16_t to_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  return static_cast<uint16_t>(bits >> 16);  // exact for the small integers used here
+}
+
+float from_bf16(uint16_t v) {
+  const uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+}  // namespace
+
+TEST(ShmGroup, AllReduceSumMaxAcrossChunks) {
+  const std::string name = unique_name("allreduce");
+  for (int size : {2, 3, 4}) {
+    const auto codes = run_ranks(size, [&](int rank) {
+      ShmGroup group(options(name + std::to_string(size), rank, size));
+      const size_t n = 3000;  // 12 KB of float32: three chunks of a 4 KiB slot
+      std::vector<float> v(n);
+      for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>(rank + 1) * static_cast<float>(i);
+      group.all_reduce(v.data(), n, ElementType::kFloat32, ReduceOp::kSum);
+      const float total = static_cast<float>(size * (size + 1) / 2);
+      for (size_t i = 0; i < n; ++i) {
+        if (v[i] != total * static_cast<float>(i)) return 1;
+      }
+      std::vector<int64_t> m(5, rank);
+      group.all_reduce(m.data(), m.size(), ElementType::kInt64, ReduceOp::kMax);
+      for (int64_t x : m) {
+        if (x != size - 1) return 2;
+      }
+      std::vector<uint16_t> h(7, to_bf16(static_cast<float>(rank + 1)));
+      group.all_reduce(h.data(), h.size(), ElementType::kBFloat16, ReduceOp::kSum);
+      for (uint16_t x : h) {
+        if (from_bf16(x) != total) return 3;
+      }
+      return 0;
+    });
+    EXPECT_EQ(codes, std::vector<int>(size, 0)) << "size " << size;
+  }
+}
+
+TEST(ShmGroup, AllGatherReduceScatterBroadcastBarrier) {
+  const std::string name = unique_name("gather");
+  const int size = 3;
+  const auto codes = run_ranks(size, [&](int rank) {
+    ShmGroup group(options(name, rank, size, 512));
+    const size_t n = 1000;  // more than one 512-byte slot per rank
+    std::vector<int32_t> mine(n, rank * 10), all(n * size, -1);
+    group.all_gather(mine.data(), all.data(), n * sizeof(int32_t));
+    for (int r = 0; r < size; ++r) {
+      for (size_t i = 0; i < n; ++i) {
+        if (all[r * n + i] != r * 10) return 1;
+      }
+    }
+    std::vector<float> in(n * size), out(n, -1);
+    for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i);
+    group.reduce_scatter(in.data(), out.data(), n, ElementType::kFloat32, ReduceOp::kSum);
+    for (size_t i = 0; i < n; ++i) {
+      if (out[i] != size * static_cast<float>(rank * n + i)) return 2;
+    }
+    std::vector<double> b(300, rank == 1 ? 2.5 : 0.0);
+    group.broadcast(b.data(), b.size() * sizeof(double), 1);
+    for (double x : b) {
+      if (x != 2.5) return 3;
+    }
+    for (int i = 0; i < 50; ++i) group.barrier();
+    return 0;
+  });
+  EXPECT_EQ(codes, std::vector<int>(size, 0));
+}
+
+TEST(ShmGroup, DeadRankIsNamedWithinTheTimeout) {
+  const std::string name = unique_name("dead");
+  const auto codes = run_ranks(2, [&](int rank) {
+    GroupOptions o = options(name, rank, 2);
+    o.timeout = std::chrono::milliseconds(2000);
+    ShmGroup group(o);
+    if (rank == 1) _exit(0);  // dies without joining the collective
+    float x = 1;
+    try {
+      group.all_reduce(&x, 1, ElementType::kFloat32, ReduceOp::kSum);
+    } catch (const std::runtime_error& e) {
+      const std::string what = e.what();
+      const bool named = what.find("all_reduce timed out") != std::string::npos &&
+                         what.find("rank 1") != std::string::npos &&
+                         what.find("exited") != std::string::npos;
+      return named ? 0 : 5;
+    }
+    return 6;
+  });
+  EXPECT_EQ(codes, std::vector<int>({0, 0}));
+}
+
+TEST(ShmGroup, MismatchedCallsFailOnEveryRank) {
+  const std::string name = unique_name("mismatch");
+  const auto codes = run_ranks(2, [&](int rank) {
+    ShmGroup group(options(name, rank, 2));
+    std::vector<float> v(8 + rank, 1.0f);
+    try {
+      group.all_reduce(v.data(), v.size(), ElementType::kFloat32, ReduceOp::kSum);
+    } catch (const std::runtime_error& e) {
+      return std::string(e.what()).find("do not match") != std::string::npos ? 0 : 7;
+    }
+    return 8;
+  });
+  EXPECT_EQ(codes, std::vector<int>({0, 0}));
+}
+
+TEST(ShmGroup, SegmentIsRemovedOnceAllRanksAttach) {
+  const std::string name = unique_name("cleanup");
+  const auto codes = run_ranks(2, [&](int rank) {
+    ShmGroup group(options(name, rank, 2));
+    group.barrier();
+    return access(("/dev/shm" + name).c_str(), F_OK) == 0 ? 9 : 0;
+  });
+  EXPECT_EQ(codes, std::vector<int>({0, 0}));
+}
+
+TEST(ShmGroup, RejectsBadOptions) {
+  EXPECT_THROW(ShmGroup(options("/tn-bad", 2, 2)), std::invalid_argument);
+  EXPECT_THROW(ShmGroup(options("/tn-bad", 0, 0)), std::invalid_argument);
+  EXPECT_THROW(ShmGroup(options("/tn-bad", 0, 1, 100)), std::invalid_argument);
+}
