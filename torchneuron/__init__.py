@@ -31,6 +31,9 @@ def _register() -> None:
     from . import inductor_device
 
     inductor_device.install()  # neuron for the default torch.compile, once Inductor loads
+    from . import distributed
+
+    distributed.register()  # init_process_group("neuron")
     _registered = True
 
 

@@ -11,6 +11,7 @@
 #include "caching_allocator.h"
 #include "compiled_graph_call.h"
 #include "device_state.h"
+#include "dist_backend.h"
 #include "generator.h"
 #include "op_tracking.h"
 #include "runtime_status.h"
@@ -68,6 +69,7 @@ PYBIND11_MODULE(_C, m) {
   torchneuron::register_hooks();
   torchneuron::register_direct_host_kernels();
   torchneuron::register_compiled_graph_call(m);
+  torchneuron::register_dist_backend(m);
 
   m.def("_init", [] { NEURON_CHECK(nrt_init()); });
   m.def("_is_initialized", [] { return nrt_is_initialized() != 0; });

@@ -1,0 +1,342 @@
+#include "dist_backend.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+#include <pybind11/chrono.h>
+#include <torch/csrc/distributed/c10d/exception.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#include <vector>
+
+#include "shm_group.h"
+
+namespace py = pybind11;
+
+namespace torchneuron {
+namespace {
+
+using nrt::dist::ElementType;
+using nrt::dist::ReduceOp;
+
+ElementType element_type(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat:
+      return ElementType::kFloat32;
+    case at::kDouble:
+      return ElementType::kFloat64;
+    case at::kBFloat16:
+      return ElementType::kBFloat16;
+    case at::kHalf:
+      return ElementType::kFloat16;
+    case at::kChar:
+      return ElementType::kInt8;
+    case at::kByte:
+      return ElementType::kUInt8;
+    case at::kInt:
+      return ElementType::kInt32;
+    case at::kLong:
+      return ElementType::kInt64;
+    case at::kBool:
+      return ElementType::kBool;
+    default:
+      C10_THROW_ERROR(DistBackendError, std::string("neuron backend: dtype ") +
+                                            c10::toString(t.scalar_type()) +
+                                            " is not supported by its collectives");
+  }
+}
+
+// The tensor's bytes, read and written in place: device memory is host-addressable.
+void* host_bytes(const at::Tensor& t, const char* what) {
+  if (!t.is_contiguous()) {
+    C10_THROW_ERROR(DistBackendError, std::string("neuron backend: ") + what +
+                                          " needs contiguous tensors; call .contiguous()");
+  }
+  if (!t.is_cpu() && t.device().type() != c10::DeviceType::PrivateUse1) {
+    C10_THROW_ERROR(DistBackendError, std::string("neuron backend: ") + what + " got a tensor on " +
+                                          t.device().str() + "; it takes neuron or CPU tensors");
+  }
+  return t.data_ptr();
+}
+
+at::Tensor& single(std::vector<at::Tensor>& tensors, const char* what) {
+  if (tensors.size() != 1) {
+    C10_THROW_ERROR(DistBackendError, std::string("neuron backend: ") + what +
+                                          " takes one tensor per rank (one device per "
+                                          "process), got " +
+                                          std::to_string(tensors.size()));
+  }
+  return tensors[0];
+}
+
+c10::intrusive_ptr<c10d::Work> completed(std::vector<at::Tensor> outputs) {
+  auto future =
+      c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+  future->markCompleted(c10::IValue(std::move(outputs)));
+  return c10d::Work::create_from_future(future);
+}
+
+class NeuronBackend final : public c10d::Backend {
+ public:
+  NeuronBackend(const std::string& name, int rank, int size, std::chrono::milliseconds timeout)
+      : c10d::Backend(rank, size) {
+    nrt::dist::GroupOptions options;
+    options.name = name;
+    options.rank = rank;
+    options.size = size;
+    options.timeout = timeout;
+    try {
+      group_ = std::make_unique<nrt::dist::ShmGroup>(options);
+    } catch (const std::exception& e) {
+      C10_THROW_ERROR(DistBackendError, std::string("neuron backend: ") + e.what());
+    }
+    init();
+  }
+
+  const std::string getBackendName() const override { return "neuron"; }
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override {
+    at::Tensor& t = single(tensors, "all_reduce");
+    reduce_in_place(t, opts.reduceOp, "all_reduce");
+    return completed(tensors);
+  }
+
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override {
+    for (at::Tensor& t : tensors) reduce_in_place(t, opts.reduceOp, "all_reduce_coalesced");
+    return completed(tensors);
+  }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override {
+    at::Tensor& t = single(tensors, "broadcast");
+    run("broadcast", [&] {
+      group_->broadcast(host_bytes(t, "broadcast"), t.nbytes(), static_cast<int>(opts.rootRank));
+    });
+    return completed(tensors);
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override {
+    at::Tensor& t = single(tensors, "reduce");
+    at::Tensor work = rank_ == opts.rootRank ? t : t.clone();
+    reduce_in_place(work, opts.reduceOp, "reduce");
+    return completed(tensors);
+  }
+
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions&) override {
+    gather_into(output, input, "all_gather_into_tensor");
+    return completed({output});
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions&) override {
+    check_pairs(outputs, inputs, "all_gather_into_tensor_coalesced");
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      gather_into(outputs[i], inputs[i], "all_gather_into_tensor_coalesced");
+    }
+    return completed(outputs);
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions&) override {
+    at::Tensor& input = single(inputs, "all_gather");
+    if (outputs.size() != 1 || outputs[0].size() != static_cast<size_t>(size_)) {
+      C10_THROW_ERROR(DistBackendError,
+                      "neuron backend: all_gather needs one output list of world size");
+    }
+    at::Tensor flat = at::empty({size_ * input.numel()}, input.options());
+    at::Tensor contiguous = input.contiguous();
+    gather_into(flat, contiguous, "all_gather");
+    for (int r = 0; r < size_; ++r) {
+      outputs[0][r].copy_(flat.narrow(0, r * input.numel(), input.numel()).view_as(input));
+    }
+    return completed(outputs[0]);
+  }
+
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override {
+    scatter_reduced(output, input, opts.reduceOp, "reduce_scatter_tensor");
+    return completed({output});
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override {
+    check_pairs(outputs, inputs, "reduce_scatter_tensor_coalesced");
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      scatter_reduced(outputs[i], inputs[i], opts.reduceOp, "reduce_scatter_tensor_coalesced");
+    }
+    return completed(outputs);
+  }
+
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override {
+    at::Tensor& output = single(outputs, "scatter");
+    const int root = static_cast<int>(opts.rootRank);
+    if (rank_ == root && (inputs.size() != 1 || inputs[0].size() != static_cast<size_t>(size_))) {
+      C10_THROW_ERROR(DistBackendError,
+                      "neuron backend: scatter needs one input list of world size on the root");
+    }
+    // One broadcast per destination: simple and correct; a direct path is future work.
+    at::Tensor staging = at::empty_like(output, at::MemoryFormat::Contiguous);
+    for (int r = 0; r < size_; ++r) {
+      if (rank_ == root) staging.copy_(inputs[0][r]);
+      run("scatter",
+          [&] { group_->broadcast(host_bytes(staging, "scatter"), staging.nbytes(), root); });
+      if (rank_ == r) output.copy_(staging);
+    }
+    return completed(outputs);
+  }
+
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override {
+    at::Tensor input = single(inputs, "gather").contiguous();
+    at::Tensor flat = at::empty({size_ * input.numel()}, input.options());
+    gather_into(flat, input, "gather");
+    if (rank_ == opts.rootRank) {
+      if (outputs.size() != 1 || outputs[0].size() != static_cast<size_t>(size_)) {
+        C10_THROW_ERROR(DistBackendError,
+                        "neuron backend: gather needs one output list of world size on the root");
+      }
+      for (int r = 0; r < size_; ++r) {
+        outputs[0][r].copy_(flat.narrow(0, r * input.numel(), input.numel()).view_as(input));
+      }
+      return completed(outputs[0]);
+    }
+    return completed({});
+  }
+
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
+    run("barrier", [&] { group_->barrier(); });
+    return completed({});
+  }
+
+ private:
+  template <class Fn>
+  void run(const char* what, Fn&& fn) {
+    try {
+      fn();
+    } catch (const c10::Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      C10_THROW_ERROR(DistBackendError,
+                      std::string("neuron backend: ") + what + " failed: " + e.what());
+    }
+  }
+
+  // SUM, PRODUCT, MIN, MAX directly; AVG as SUM then a division; PREMUL_SUM as a scaling
+  // then SUM.
+  ReduceOp prepare(at::Tensor& t, const c10d::ReduceOp& op, const char* what) {
+    switch (op.op_) {
+      case c10d::ReduceOp::SUM:
+      case c10d::ReduceOp::AVG:
+        return ReduceOp::kSum;
+      case c10d::ReduceOp::PRODUCT:
+        return ReduceOp::kProduct;
+      case c10d::ReduceOp::MIN:
+        return ReduceOp::kMin;
+      case c10d::ReduceOp::MAX:
+        return ReduceOp::kMax;
+      case c10d::ReduceOp::PREMUL_SUM: {
+        auto* factor = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
+        TORCH_CHECK(factor != nullptr, "PREMUL_SUM without a factor");
+        const double scale = factor->tensor_factor.defined() ? factor->tensor_factor.item<double>()
+                                                             : factor->double_factor;
+        t.mul_(scale);
+        return ReduceOp::kSum;
+      }
+      default:
+        C10_THROW_ERROR(DistBackendError,
+                        std::string("neuron backend: ") + what +
+                            " does not support this reduce op (BAND/BOR/BXOR); use SUM, AVG, "
+                            "PRODUCT, MIN, MAX or PREMUL_SUM");
+    }
+  }
+
+  void finish_average(at::Tensor& t, const c10d::ReduceOp& op) {
+    if (op.op_ == c10d::ReduceOp::AVG) t.div_(size_);
+  }
+
+  void check_average(const at::Tensor& t, const c10d::ReduceOp& op, const char* what) {
+    if (op.op_ == c10d::ReduceOp::AVG && !at::isFloatingType(t.scalar_type())) {
+      C10_THROW_ERROR(DistBackendError, std::string("neuron backend: ") + what +
+                                            " with AVG needs a floating-point tensor, got " +
+                                            c10::toString(t.scalar_type()));
+    }
+  }
+
+  void reduce_in_place(at::Tensor& t, const c10d::ReduceOp& op, const char* what) {
+    check_average(t, op, what);
+    const ElementType type = element_type(t);
+    void* data = host_bytes(t, what);
+    const ReduceOp reduce = prepare(t, op, what);
+    run(what, [&] { group_->all_reduce(data, t.numel(), type, reduce); });
+    finish_average(t, op);
+  }
+
+  void gather_into(at::Tensor& output, const at::Tensor& input, const char* what) {
+    if (output.numel() != input.numel() * size_ || output.scalar_type() != input.scalar_type()) {
+      C10_THROW_ERROR(DistBackendError, std::string("neuron backend: ") + what +
+                                            ": the output must hold world size x input "
+                                            "elements of the input's dtype");
+    }
+    const void* in = host_bytes(input, what);
+    void* out = host_bytes(output, what);
+    run(what, [&] { group_->all_gather(in, out, input.nbytes()); });
+  }
+
+  void scatter_reduced(at::Tensor& output, const at::Tensor& input, const c10d::ReduceOp& op,
+                       const char* what) {
+    if (input.numel() != output.numel() * size_ || output.scalar_type() != input.scalar_type()) {
+      C10_THROW_ERROR(DistBackendError, std::string("neuron backend: ") + what +
+                                            ": the input must hold world size x output "
+                                            "elements of the output's dtype");
+    }
+    check_average(output, op, what);
+    at::Tensor source = input;
+    if (op.op_ == c10d::ReduceOp::PREMUL_SUM) source = input.clone();  // inputs stay intact
+    const ReduceOp reduce = prepare(source, op, what);
+    const ElementType type = element_type(output);
+    const void* in = host_bytes(source, what);
+    void* out = host_bytes(output, what);
+    run(what, [&] { group_->reduce_scatter(in, out, output.numel(), type, reduce); });
+    finish_average(output, op);
+  }
+
+  static void check_pairs(const std::vector<at::Tensor>& outputs,
+                          const std::vector<at::Tensor>& inputs, const char* what) {
+    if (outputs.size() != inputs.size()) {
+      C10_THROW_ERROR(DistBackendError,
+                      std::string("neuron backend: ") + what + " needs as many outputs as inputs");
+    }
+  }
+
+  std::unique_ptr<nrt::dist::ShmGroup> group_;
+};
+
+}  // namespace
+
+void register_dist_backend(py::module_& m) {
+  m.def(
+      "_dist_create_backend",
+      [](const std::string& name, int rank, int size,
+         std::chrono::milliseconds timeout) -> c10::intrusive_ptr<c10d::Backend> {
+        return c10::make_intrusive<NeuronBackend>(name, rank, size, timeout);
+      },
+      py::arg("name"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
+      py::call_guard<py::gil_scoped_release>());
+}
+
+}  // namespace torchneuron

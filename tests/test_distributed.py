@@ -1,0 +1,288 @@
+"""torch.distributed with the "neuron" process-group backend, across spawned processes.
+
+Each test starts its ranks with the spawn method (the runtime refuses forked children), one
+neuron device per rank (LOCAL_RANK), and checks results against closed forms or a single-
+process reference: float32 within atol 1e-5 / rtol 1e-4, bfloat16 values chosen to be exact.
+The launcher kills its ranks after a deadline, so a hang fails the test instead of CI.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import socket
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+TOL = {"atol": 1e-5, "rtol": 1e-4}
+DEADLINE_S = 180
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(fn: Callable[[int, int], object], rank: int, size: int, port: int, results) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank))
+    try:
+        import torch.distributed as dist
+
+        dist.init_process_group("neuron", rank=rank, world_size=size)
+        value = fn(rank, size)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        results.put((rank, "ok", value))
+    except BaseException:  # noqa: BLE001 - reported to the parent, which fails the test
+        results.put((rank, "error", traceback.format_exc()))
+
+
+def run_ranks(fn: Callable[[int, int], object], size: int) -> dict[int, object]:
+    """fn(rank, size) in `size` spawned processes; returns rank -> fn's value."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_entry, args=(fn, r, size, port, results)) for r in range(size)]
+    for p in procs:
+        p.start()
+    got: dict[int, tuple[str, object]] = {}
+    try:
+        while len(got) < size:
+            rank, status, value = results.get(timeout=DEADLINE_S)
+            got[rank] = (status, value)
+    except queue.Empty:
+        pytest.fail(f"ranks {sorted(set(range(size)) - set(got))} did not report in {DEADLINE_S} s")
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    errors = {r: v for r, (s, v) in got.items() if s != "ok"}
+    assert not errors, "\n".join(f"rank {r}:\n{v}" for r, v in errors.items())
+    return {r: v for r, (_, v) in got.items()}
+
+
+# --- collectives -----------------------------------------------------------------------
+
+
+def _collectives(rank: int, size: int) -> str:
+    import torch.distributed as dist
+
+    dev = torch.device("neuron", rank)
+    assert torch.neuron.current_device() == rank  # LOCAL_RANK chose the device
+    total = size * (size + 1) / 2
+
+    t = torch.full((1000,), float(rank + 1), device=dev)
+    dist.all_reduce(t)
+    assert t.device == dev and torch.equal(t.cpu(), torch.full((1000,), total))
+    for op, expected in (
+        (dist.ReduceOp.MAX, size),
+        (dist.ReduceOp.MIN, 1),
+        (dist.ReduceOp.PRODUCT, float(torch.arange(1, size + 1).prod())),
+        (dist.ReduceOp.AVG, total / size),
+    ):
+        t = torch.full((7,), float(rank + 1), device=dev)
+        dist.all_reduce(t, op=op)
+        torch.testing.assert_close(t.cpu(), torch.full((7,), float(expected)), **TOL)
+    premul = torch.full((3,), float(rank + 1), device=dev)
+    dist.all_reduce(premul, op=dist._make_nccl_premul_sum(0.5))
+    torch.testing.assert_close(premul.cpu(), torch.full((3,), total * 0.5), **TOL)
+    for dtype in (torch.bfloat16, torch.float16, torch.int32, torch.int64):
+        t = torch.full((5,), rank + 1, device=dev, dtype=dtype)
+        dist.all_reduce(t)
+        assert t.dtype == dtype and t.cpu().tolist() == [total] * 5
+
+    out = torch.empty(3 * size, device=dev)
+    dist.all_gather_into_tensor(out, torch.full((3,), float(rank), device=dev))
+    assert out.cpu().tolist() == [float(r) for r in range(size) for _ in range(3)]
+    parts = [torch.empty(2, device=dev, dtype=torch.int64) for _ in range(size)]
+    dist.all_gather(parts, torch.tensor([rank, -rank], device=dev))
+    assert [p.cpu().tolist() for p in parts] == [[r, -r] for r in range(size)]
+
+    block = torch.empty(4, device=dev)
+    src = torch.arange(4.0 * size, device=dev) * (rank + 1)
+    dist.reduce_scatter_tensor(block, src, op=dist.ReduceOp.AVG)
+    expected = torch.arange(4.0 * rank, 4.0 * rank + 4) * total / size
+    torch.testing.assert_close(block.cpu(), expected, **TOL)
+
+    b = torch.full((5,), float(rank), device=dev)
+    dist.broadcast(b, src=size - 1)
+    assert b.cpu().tolist() == [float(size - 1)] * 5
+    s = torch.empty(2, device=dev)
+    chunks = [torch.full((2,), 10.0 + r, device=dev) for r in range(size)] if rank == 0 else None
+    dist.scatter(s, chunks, src=0)
+    assert s.cpu().tolist() == [10.0 + rank] * 2
+    r = torch.full((2,), float(rank + 1), device=dev)
+    dist.reduce(r, dst=0)
+    assert r.cpu().tolist() == ([total] * 2 if rank == 0 else [float(rank + 1)] * 2)
+    gathered = [torch.empty(1, device=dev) for _ in range(size)] if rank == 0 else None
+    dist.gather(torch.tensor([rank * 2.0], device=dev), gathered, dst=0)
+    if rank == 0:
+        assert [g.item() for g in gathered] == [2.0 * q for q in range(size)]
+
+    work = dist.all_reduce(torch.ones(4, device=dev), async_op=True)
+    work.wait()
+    assert work.get_future().value()[0].cpu().tolist() == [float(size)] * 4
+    cpu = torch.tensor([rank])
+    dist.all_reduce(cpu)  # CPU tensors of the group go through the same backend
+    assert cpu.item() == size * (size - 1) // 2
+    dist.barrier()
+    return "ok"
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_collectives_match_closed_forms(size):
+    assert run_ranks(_collectives, size) == dict.fromkeys(range(size), "ok")
+    leftovers = [p.name for p in Path("/dev/shm").glob(f"torchneuron-{os.geteuid()}-*")]
+    assert not leftovers  # segments are unlinked once every rank has attached
+
+
+# --- parallel training ---------------------------------------------------------------------
+
+
+def _mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 16))
+
+
+def _batches() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return [torch.randn(8, 16, generator=g) for _ in range(2)]
+
+
+def _single_device_reference() -> torch.nn.Module:
+    model = _mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x in _batches():
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+    return model
+
+
+def _train(model: torch.nn.Module, rank: int, size: int, dev: torch.device) -> None:
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for x in _batches():  # each rank takes its share of the batch; gradients are averaged
+        opt.zero_grad()
+        model(x.chunk(size)[rank].to(dev)).square().mean().backward()
+        opt.step()
+
+
+def _parallel_training(rank: int, size: int) -> str:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+    from torch.nn.parallel import DistributedDataParallel
+
+    dev = torch.device("neuron", rank)
+    reference = list(_single_device_reference().parameters())
+
+    ddp = DistributedDataParallel(_mlp().to(dev))
+    _train(ddp, rank, size, dev)
+    for p, q in zip(reference, ddp.module.parameters(), strict=True):
+        torch.testing.assert_close(q.detach().cpu(), p.detach(), **TOL)
+
+    mesh = init_device_mesh("neuron", (size,))
+    fsdp = _mlp().to(dev)
+    for layer in (fsdp[0], fsdp[2]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(fsdp, mesh=mesh)
+    _train(fsdp, rank, size, dev)
+    for p, q in zip(reference, fsdp.parameters(), strict=True):
+        assert q.device.type == "neuron"
+        torch.testing.assert_close(q.full_tensor().cpu(), p.detach(), **TOL)
+
+    tp = parallelize_module(_mlp().to(dev), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    x = _batches()[0]
+    out = tp(x.to(dev))
+    out.square().mean().backward()
+    expected_model = _mlp()
+    expected = expected_model(x)
+    expected.square().mean().backward()
+    torch.testing.assert_close(out.cpu(), expected.detach(), **TOL)
+    torch.testing.assert_close(
+        tp[0].weight.grad.full_tensor().cpu(), expected_model[0].weight.grad, **TOL
+    )
+    return "ok"
+
+
+def test_ddp_fsdp2_and_tensor_parallel_equal_one_device():
+    assert run_ranks(_parallel_training, 2) == {0: "ok", 1: "ok"}
+
+
+# --- faults --------------------------------------------------------------------------------
+
+
+def _dead_peer(rank: int, size: int) -> str:
+    import time
+
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
+    dist.init_process_group(
+        "neuron", rank=rank, world_size=size, timeout=__import__("datetime").timedelta(seconds=3)
+    )
+    if rank == 1:
+        os._exit(0)  # leaves without joining the collective
+    start = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(4, device="neuron"))
+    except RuntimeError as error:
+        waited = time.monotonic() - start
+        message = str(error)
+        assert "all_reduce" in message and "rank 1" in message and "exited" in message, message
+        assert waited < 10, waited
+        os._exit(0)  # the group is broken; skip the orderly teardown
+    raise AssertionError("all_reduce with a dead peer returned")
+
+
+def test_dead_rank_is_named_instead_of_hanging():
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_entry, args=(_dead_peer, r, 2, port, results)) for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=DEADLINE_S)
+        if p.is_alive():
+            p.kill()
+            pytest.fail("a rank hung")
+    reports = []
+    while True:
+        try:
+            reports.append(results.get(timeout=1))
+        except queue.Empty:
+            break
+    assert not [r for r in reports if r[1] == "error"], reports
+    assert [p.exitcode for p in procs] == [0, 0]
+
+
+def _mismatch(rank: int, size: int) -> str:
+    import torch.distributed as dist
+
+    t = torch.ones(4 + rank, device="neuron")
+    try:
+        dist.all_reduce(t)
+    except RuntimeError as error:
+        assert "do not match" in str(error), str(error)
+    else:
+        raise AssertionError("mismatched all_reduce did not raise")
+    t = torch.ones(4, device="neuron")
+    dist.all_reduce(t)  # the group is still usable
+    assert t.cpu().tolist() == [float(size)] * 4
+    return "ok"
+
+
+def test_mismatched_shapes_raise_on_every_rank():
+    assert run_ranks(_mismatch, 2) == {0: "ok", 1: "ok"}
