@@ -126,6 +126,18 @@ def _collectives(rank: int, size: int) -> str:
     if rank == 0:
         assert [g.item() for g in gathered] == [2.0 * q for q in range(size)]
 
+    # uneven all_to_all_single: rank s sends s + d + 1 rows (value 10 s + d) to rank d
+    send = [rank + d + 1 for d in range(size)]
+    recv = [s + rank + 1 for s in range(size)]
+    rows = torch.cat([torch.full((n, 2), 10.0 * rank + d) for d, n in enumerate(send)])
+    got = torch.empty(sum(recv), 2, device=dev)
+    dist.all_to_all_single(got, rows.to(dev), output_split_sizes=recv, input_split_sizes=send)
+    expected = torch.cat([torch.full((n, 2), 10.0 * s + rank) for s, n in enumerate(recv)])
+    assert torch.equal(got.cpu(), expected)
+    outs = [torch.empty(2, device=dev) for _ in range(size)]
+    dist.all_to_all(outs, [torch.full((2,), 100.0 * rank + d, device=dev) for d in range(size)])
+    assert [o.cpu().tolist() for o in outs] == [[100.0 * s + rank] * 2 for s in range(size)]
+
     work = dist.all_reduce(torch.ones(4, device=dev), async_op=True)
     work.wait()
     assert work.get_future().value()[0].cpu().tolist() == [float(size)] * 4

@@ -10,8 +10,8 @@ transport works on host memory.
 Status: ranks on one host only (a cross-host transport is not built yet; the group refuses
 to form across hosts). Collectives: all_reduce (SUM, AVG, PRODUCT, MIN, MAX, PREMUL_SUM),
 all_gather (list and into-tensor, coalesced), reduce_scatter_tensor (coalesced), broadcast,
-reduce, gather, scatter, barrier. Not yet: all_to_all, send/recv (torch.distributed reports
-them as unsupported by the backend).
+reduce, gather, scatter, all_to_all and all_to_all_single (uneven splits), barrier. Not yet:
+send/recv (torch.distributed reports them as unsupported by the backend).
 """
 
 from __future__ import annotations

@@ -6,8 +6,10 @@
 #include <torch/csrc/distributed/c10d/exception.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
@@ -218,6 +220,53 @@ class NeuronBackend final : public c10d::Backend {
     return completed({});
   }
 
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_splits,
+                                               std::vector<int64_t>& input_splits,
+                                               const c10d::AllToAllOptions&) override {
+    if (input.scalar_type() != output.scalar_type()) {
+      C10_THROW_ERROR(DistBackendError,
+                      "neuron backend: all_to_all_single needs input and output of one dtype");
+    }
+    const std::vector<size_t> send = split_bytes(input, input_splits, "input_split_sizes");
+    const std::vector<size_t> recv = split_bytes(output, output_splits, "output_split_sizes");
+    const void* in = host_bytes(input, "all_to_all_single");
+    void* out = host_bytes(output, "all_to_all_single");
+    run("all_to_all_single", [&] { group_->all_to_all(in, send.data(), out, recv.data()); });
+    return completed({output});
+  }
+
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions&) override {
+    if (inputs.size() != static_cast<size_t>(size_) || outputs.size() != inputs.size()) {
+      C10_THROW_ERROR(DistBackendError,
+                      "neuron backend: all_to_all needs world-size lists of inputs and outputs");
+    }
+    std::vector<at::Tensor> flat_in;
+    std::vector<size_t> send, recv;
+    for (int r = 0; r < size_; ++r) {
+      flat_in.push_back(inputs[r].contiguous().view(-1));
+      send.push_back(inputs[r].nbytes());
+      recv.push_back(outputs[r].nbytes());
+    }
+    at::Tensor packed_in = at::cat(flat_in);
+    at::Tensor packed_out =
+        at::empty({static_cast<int64_t>(std::accumulate(recv.begin(), recv.end(), size_t{0}) /
+                                        outputs[0].element_size())},
+                  outputs[0].options());
+    const void* in = host_bytes(packed_in, "all_to_all");
+    void* out = host_bytes(packed_out, "all_to_all");
+    run("all_to_all", [&] { group_->all_to_all(in, send.data(), out, recv.data()); });
+    int64_t at = 0;
+    for (int r = 0; r < size_; ++r) {
+      const int64_t n = outputs[r].numel();
+      outputs[r].copy_(packed_out.narrow(0, at, n).view_as(outputs[r]));
+      at += n;
+    }
+    return completed(outputs);
+  }
+
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
     run("barrier", [&] { group_->barrier(); });
     return completed({});
@@ -313,6 +362,33 @@ class NeuronBackend final : public c10d::Backend {
     void* out = host_bytes(output, what);
     run(what, [&] { group_->reduce_scatter(in, out, output.numel(), type, reduce); });
     finish_average(output, op);
+  }
+
+  // Bytes per peer from split sizes along dim 0 (empty: equal splits).
+  std::vector<size_t> split_bytes(const at::Tensor& t, const std::vector<int64_t>& splits,
+                                  const char* what) const {
+    const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+    const size_t row_bytes = rows == 0 ? 0 : t.nbytes() / static_cast<size_t>(rows);
+    std::vector<size_t> bytes(size_);
+    if (splits.empty()) {
+      if (rows % size_ != 0) {
+        C10_THROW_ERROR(DistBackendError, std::string("neuron backend: all_to_all_single: ") +
+                                              std::to_string(rows) +
+                                              " rows do not split evenly over " +
+                                              std::to_string(size_) + " ranks; pass " + what);
+      }
+      std::fill(bytes.begin(), bytes.end(), row_bytes * static_cast<size_t>(rows / size_));
+      return bytes;
+    }
+    int64_t total = 0;
+    for (int r = 0; r < size_ && r < static_cast<int>(splits.size()); ++r) total += splits[r];
+    if (splits.size() != static_cast<size_t>(size_) || total != rows) {
+      C10_THROW_ERROR(DistBackendError, std::string("neuron backend: all_to_all_single: ") + what +
+                                            " must have world size entries summing to " +
+                                            std::to_string(rows));
+    }
+    for (int r = 0; r < size_; ++r) bytes[r] = row_bytes * static_cast<size_t>(splits[r]);
+    return bytes;
   }
 
   static void check_pairs(const std::vector<at::Tensor>& outputs,

@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace nrt::dist {
 namespace {
@@ -32,8 +33,8 @@ struct alignas(64) RankState {
   Description description;
 };
 
-const char* const kCollectiveNames[] = {"barrier", "all_reduce", "all_gather", "reduce_scatter",
-                                        "broadcast"};
+const char* const kCollectiveNames[] = {"barrier",        "all_reduce", "all_gather",
+                                        "reduce_scatter", "broadcast",  "all_to_all"};
 
 // A zombie (exited, not yet reaped by its parent) answers kill(pid, 0) like a live process.
 bool process_running(int pid) {
@@ -263,6 +264,60 @@ void ShmGroup::broadcast(void* data, size_t bytes, int root) {
     arrive_and_wait("broadcast");
     if (rank_ != root) std::memcpy(buf + offset, slot(root), n);
     arrive_and_wait("broadcast");
+  }
+}
+
+void ShmGroup::all_to_all(const void* in, const size_t* send_bytes, void* out,
+                          const size_t* recv_bytes) {
+  // Every rank learns the whole send matrix first: it fixes the number of rounds and lets
+  // each rank check its receive sizes against what its peers send.
+  std::vector<uint64_t> mine(send_bytes, send_bytes + size_);
+  std::vector<uint64_t> matrix(static_cast<size_t>(size_) * size_);
+  all_gather(mine.data(), matrix.data(), mine.size() * sizeof(uint64_t));
+  auto sent = [&](int from, int to) { return matrix[static_cast<size_t>(from) * size_ + to]; };
+  std::string wrong;
+  for (int s = 0; s < size_; ++s) {
+    if (sent(s, rank_) != recv_bytes[s]) {
+      wrong = "rank " + std::to_string(s) + " sends " + std::to_string(sent(s, rank_)) +
+              " bytes to rank " + std::to_string(rank_) + ", which expects " +
+              std::to_string(recv_bytes[s]);
+      break;
+    }
+  }
+  // Agree on failure before moving data, so every rank raises instead of one waiting.
+  uint8_t bad = wrong.empty() ? 0 : 1;
+  all_reduce(&bad, 1, ElementType::kUInt8, ReduceOp::kMax);
+  if (bad != 0) {
+    throw std::runtime_error(
+        "all_to_all split sizes do not match across ranks" +
+        (wrong.empty() ? std::string(" (reported by another rank)") : ": " + wrong));
+  }
+  uint64_t largest = 0;
+  for (uint64_t b : matrix) largest = std::max(largest, b);
+  begin(Kind::kAllToAll, largest, ElementType::kUInt8, 0);
+  const size_t block = slot_bytes_ / static_cast<size_t>(size_) / 64 * 64;
+  std::vector<size_t> send_offset(size_, 0), recv_offset(size_, 0);
+  for (int r = 1; r < size_; ++r) {
+    send_offset[r] = send_offset[r - 1] + send_bytes[r - 1];
+    recv_offset[r] = recv_offset[r - 1] + recv_bytes[r - 1];
+  }
+  const auto* src = static_cast<const char*>(in);
+  auto* dst = static_cast<char*>(out);
+  for (uint64_t done = 0; done < largest; done += block) {
+    for (int d = 0; d < size_; ++d) {
+      if (send_bytes[d] > done) {
+        std::memcpy(slot(rank_) + d * block, src + send_offset[d] + done,
+                    std::min<uint64_t>(block, send_bytes[d] - done));
+      }
+    }
+    arrive_and_wait("all_to_all");
+    for (int s = 0; s < size_; ++s) {
+      if (recv_bytes[s] > done) {
+        std::memcpy(dst + recv_offset[s] + done, slot(s) + rank_ * block,
+                    std::min<uint64_t>(block, recv_bytes[s] - done));
+      }
+    }
+    arrive_and_wait("all_to_all");
   }
 }
 

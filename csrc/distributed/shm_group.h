@@ -49,10 +49,21 @@ class ShmGroup {
   // in holds size() * count elements; rank r receives the reduction of block r.
   void reduce_scatter(const void* in, void* out, size_t count, ElementType type, ReduceOp op);
   void broadcast(void* data, size_t bytes, int root);
+  // Uneven all-to-all: send_bytes[d] bytes of `in` (blocks in destination order) go to rank
+  // d; recv_bytes[s] bytes from rank s land in `out` (blocks in source order). Every rank's
+  // send sizes must equal its peers' receive sizes; a mismatch raises on every rank.
+  void all_to_all(const void* in, const size_t* send_bytes, void* out, const size_t* recv_bytes);
 
  private:
   struct Header;
-  enum class Kind : uint32_t { kBarrier, kAllReduce, kAllGather, kReduceScatter, kBroadcast };
+  enum class Kind : uint32_t {
+    kBarrier,
+    kAllReduce,
+    kAllGather,
+    kReduceScatter,
+    kBroadcast,
+    kAllToAll
+  };
 
   Header* header() const;
   char* slot(int r) const;

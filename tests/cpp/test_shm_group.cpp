@@ -187,3 +187,41 @@ TEST(ShmGroup, RejectsBadOptions) {
   EXPECT_THROW(ShmGroup(options("/tn-bad", 0, 0)), std::invalid_argument);
   EXPECT_THROW(ShmGroup(options("/tn-bad", 0, 1, 100)), std::invalid_argument);
 }
+
+TEST(ShmGroup, UnevenAllToAll) {
+  const std::string name = unique_name("alltoall");
+  const int size = 3;
+  const auto codes = run_ranks(size, [&](int rank) {
+    ShmGroup group(options(name, rank, size, 512));  // blocks larger than a slot's share
+    // rank s sends (s + 1) * (d + 1) * 50 bytes to rank d, each byte = 10 * s + d
+    std::vector<size_t> send(size), recv(size);
+    std::vector<uint8_t> in;
+    for (int d = 0; d < size; ++d) {
+      send[d] = static_cast<size_t>((rank + 1) * (d + 1) * 50);
+      in.insert(in.end(), send[d], static_cast<uint8_t>(10 * rank + d));
+    }
+    size_t total = 0;
+    for (int s = 0; s < size; ++s)
+      total += recv[s] = static_cast<size_t>((s + 1) * (rank + 1) * 50);
+    std::vector<uint8_t> out(total, 0xFF);
+    group.all_to_all(in.data(), send.data(), out.data(), recv.data());
+    size_t at = 0;
+    for (int s = 0; s < size; ++s) {
+      for (size_t i = 0; i < recv[s]; ++i) {
+        if (out[at++] != 10 * s + rank) return 1;
+      }
+    }
+    // a wrong receive size is reported on every rank, and the group stays usable
+    recv[0] += rank == 1 ? 1 : 0;
+    out.resize(total + 1);
+    try {
+      group.all_to_all(in.data(), send.data(), out.data(), recv.data());
+      return 2;
+    } catch (const std::runtime_error& e) {
+      if (std::string(e.what()).find("do not match") == std::string::npos) return 3;
+    }
+    group.barrier();
+    return 0;
+  });
+  EXPECT_EQ(codes, std::vector<int>(size, 0));
+}
