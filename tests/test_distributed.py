@@ -298,3 +298,60 @@ def _mismatch(rank: int, size: int) -> str:
 
 def test_mismatched_shapes_raise_on_every_rank():
     assert run_ranks(_mismatch, 2) == {0: "ok", 1: "ok"}
+
+
+TORCHRUN_SCRIPT = """
+import os, sys
+import torch, torch.distributed as dist
+sys.path.insert(0, {tests!r})
+from conftest import tiny_llama
+from torch.distributed.device_mesh import init_device_mesh
+from transformers import AutoModelForCausalLM
+
+# no init_process_group: the device mesh creates the group with the device's backend
+mesh = init_device_mesh("neuron", (int(os.environ["WORLD_SIZE"]),))
+rank = dist.get_rank()
+assert torch.neuron.current_device() == int(os.environ["LOCAL_RANK"])
+path = {path!r}
+if rank == 0:
+    tiny_llama(hidden_size=64, intermediate_size=128).save_pretrained(path)
+dist.barrier()
+ids = torch.randint(3, 64, (1, 8), generator=torch.Generator().manual_seed(0))
+expected = AutoModelForCausalLM.from_pretrained(path).eval().generate(
+    ids, max_new_tokens=8, do_sample=False)
+tp = AutoModelForCausalLM.from_pretrained(path, tp_plan="auto", device_mesh=mesh).eval()
+assert type(tp.model.layers[0].self_attn.q_proj.weight).__name__ == "DTensor"
+got = tp.generate(ids.to(tp.device), max_new_tokens=8, do_sample=False)
+assert got.device.type == "neuron"
+assert got.cpu().tolist() == expected.tolist(), (got, expected)
+print("rank", rank, "same tokens")
+dist.destroy_process_group()
+"""
+
+
+def test_torchrun_transformers_tensor_parallel_generation(tmp_path):
+    """torchrun, 2 processes: Transformers' tp_plan="auto" over a neuron device mesh
+    generates the same greedy tokens as the unsharded model on the CPU."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "tp_generate.py"
+    script.write_text(
+        TORCHRUN_SCRIPT.format(tests=str(Path(__file__).parent), path=str(tmp_path / "llama"))
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(script),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.count("same tokens") == 2, done.stdout
