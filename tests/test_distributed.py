@@ -141,6 +141,17 @@ def _collectives(rank: int, size: int) -> str:
     work = dist.all_reduce(torch.ones(4, device=dev), async_op=True)
     work.wait()
     assert work.get_future().value()[0].cpu().tolist() == [float(size)] * 4
+    # point to point: a ring
+    ring = torch.full((3,), float(rank), device=dev)
+    incoming = torch.empty(3, device=dev)
+    ops = [
+        dist.P2POp(dist.isend, ring, (rank + 1) % size),
+        dist.P2POp(dist.irecv, incoming, (rank - 1) % size),
+    ]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    assert incoming.cpu().tolist() == [float((rank - 1) % size)] * 3
+
     cpu = torch.tensor([rank])
     dist.all_reduce(cpu)  # CPU tensors of the group go through the same backend
     assert cpu.item() == size * (size - 1) // 2
@@ -148,8 +159,10 @@ def _collectives(rank: int, size: int) -> str:
     return "ok"
 
 
-@pytest.mark.parametrize("size", [2, 4])
-def test_collectives_match_closed_forms(size):
+@pytest.mark.parametrize(("size", "transport"), [(2, "shm"), (4, "shm"), (2, "gloo")])
+def test_collectives_match_closed_forms(size, transport, monkeypatch):
+    # gloo: the cross-host path, forced on one host by the documented variable
+    monkeypatch.setenv("TORCHNEURON_DIST_TRANSPORT", transport)
     assert run_ranks(_collectives, size) == dict.fromkeys(range(size), "ok")
     leftovers = [p.name for p in Path("/dev/shm").glob(f"torchneuron-{os.geteuid()}-*")]
     assert not leftovers  # segments are unlinked once every rank has attached

@@ -7,11 +7,12 @@ unlinked as soon as every rank has attached, so nothing outlives the processes. 
 also serves CPU tensors of the group (registered for both device types), since the
 transport works on host memory.
 
-Status: ranks on one host only (a cross-host transport is not built yet; the group refuses
-to form across hosts). Collectives: all_reduce (SUM, AVG, PRODUCT, MIN, MAX, PREMUL_SUM),
+Ranks on several hosts (or all ranks with ``TORCHNEURON_DIST_TRANSPORT=gloo``, the way to test
+that path on one host) exchange through Gloo over CPU views of the device memory; send and
+recv always go through Gloo. Collectives: all_reduce (SUM, AVG, PRODUCT, MIN, MAX, PREMUL_SUM),
 all_gather (list and into-tensor, coalesced), reduce_scatter_tensor (coalesced), broadcast,
-reduce, gather, scatter, all_to_all and all_to_all_single (uneven splits), barrier. Not yet:
-send/recv (torch.distributed reports them as unsupported by the backend).
+reduce, gather, scatter, all_to_all and all_to_all_single (uneven splits), barrier, send,
+recv.
 """
 
 from __future__ import annotations
@@ -54,28 +55,50 @@ def _host_identity() -> str:
     return f"{socket.gethostname()}|{boot}|{os.geteuid()}"
 
 
+def _transport(store: Any, rank: int, size: int) -> str:
+    """ "shm" when every rank is on this host and nobody asked for Gloo, else "gloo"."""
+    choice = os.environ.get("TORCHNEURON_DIST_TRANSPORT", "auto")
+    if choice not in ("auto", "shm", "gloo"):
+        raise ValueError(f"TORCHNEURON_DIST_TRANSPORT={choice!r}: use auto, shm or gloo")
+    me = f"{_host_identity()}|{choice}"
+    store.set(_HOST_KEY + str(rank), me)
+    others = {r: store.get(_HOST_KEY + str(r)).decode() for r in range(size)}
+    if len({v.rsplit("|", 1)[1] for v in others.values()}) > 1:
+        raise RuntimeError(
+            "TORCHNEURON_DIST_TRANSPORT differs between ranks: "
+            + ", ".join(f"rank {r}: {v.rsplit('|', 1)[1]}" for r, v in sorted(others.items()))
+        )
+    local = all(v == me for v in others.values())
+    if choice == "shm" and not local:
+        remote = [r for r, v in others.items() if v != me]
+        raise RuntimeError(
+            f"TORCHNEURON_DIST_TRANSPORT=shm, but ranks {remote} run on another host; "
+            "unset it to let ranks on several hosts use Gloo"
+        )
+    return "shm" if local and choice != "gloo" else "gloo"
+
+
 def _create_backend(options: Any, _backend_options: Any) -> Any:
+    import torch.distributed as dist
+
     from . import _C
 
     store, rank, size = options.store, options.group_rank, options.group_size
     timeout = options.timeout
     timeout = timeout if isinstance(timeout, timedelta) else timedelta(seconds=float(timeout))
     _bind_device()
-    me = _host_identity()
-    store.set(_HOST_KEY + str(rank), me)
-    others = {r: store.get(_HOST_KEY + str(r)).decode() for r in range(size)}
-    remote = [r for r, host in others.items() if host != me]
-    if remote:
-        raise RuntimeError(
-            f"the neuron process-group backend connects ranks on one host only; ranks "
-            f"{remote} run elsewhere. Use 'cpu:gloo' for CPU tensors across hosts."
-        )
-    if rank == 0:
-        name = f"/torchneuron-{os.geteuid()}-{os.getpid()}-{secrets.token_hex(8)}"
-        store.set(_NAME_KEY, name)
-    else:
-        name = store.get(_NAME_KEY).decode()
-    return _C._dist_create_backend(name, rank, size, timeout)
+    transport = _transport(store, rank, size)
+    # Gloo carries send/recv always, and every collective when ranks span hosts; it gets
+    # CPU views of device memory (no copies).
+    inner = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout)
+    name = ""
+    if transport == "shm":
+        if rank == 0:
+            name = f"/torchneuron-{os.geteuid()}-{os.getpid()}-{secrets.token_hex(8)}"
+            store.set(_NAME_KEY, name)
+        else:
+            name = store.get(_NAME_KEY).decode()
+    return _C._dist_create_backend(name, rank, size, timeout, inner, transport == "shm")
 
 
 def register() -> None:

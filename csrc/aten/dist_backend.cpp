@@ -85,17 +85,22 @@ c10::intrusive_ptr<c10d::Work> completed(std::vector<at::Tensor> outputs) {
 
 class NeuronBackend final : public c10d::Backend {
  public:
-  NeuronBackend(const std::string& name, int rank, int size, std::chrono::milliseconds timeout)
-      : c10d::Backend(rank, size) {
-    nrt::dist::GroupOptions options;
-    options.name = name;
-    options.rank = rank;
-    options.size = size;
-    options.timeout = timeout;
-    try {
-      group_ = std::make_unique<nrt::dist::ShmGroup>(options);
-    } catch (const std::exception& e) {
-      C10_THROW_ERROR(DistBackendError, std::string("neuron backend: ") + e.what());
+  // `inner` (Gloo) carries point-to-point traffic, and every collective when `use_shm` is
+  // false (ranks on several hosts, or TORCHNEURON_DIST_TRANSPORT=gloo).
+  NeuronBackend(const std::string& name, int rank, int size, std::chrono::milliseconds timeout,
+                c10::intrusive_ptr<c10d::Backend> inner, bool use_shm)
+      : c10d::Backend(rank, size), timeout_(timeout), inner_(std::move(inner)) {
+    if (use_shm) {
+      nrt::dist::GroupOptions options;
+      options.name = name;
+      options.rank = rank;
+      options.size = size;
+      options.timeout = timeout;
+      try {
+        group_ = std::make_unique<nrt::dist::ShmGroup>(options);
+      } catch (const std::exception& e) {
+        C10_THROW_ERROR(DistBackendError, std::string("neuron backend: ") + e.what());
+      }
     }
     init();
   }
@@ -105,19 +110,34 @@ class NeuronBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
     at::Tensor& t = single(tensors, "all_reduce");
+    if (!group_) {
+      std::vector<at::Tensor> host{host_view(t)};
+      c10d::AllreduceOptions o = timed(opts);
+      o.reduceOp = gloo_op(t, opts.reduceOp);
+      wait(inner_->allreduce(host, o));
+      return completed(tensors);
+    }
     reduce_in_place(t, opts.reduceOp, "all_reduce");
     return completed(tensors);
   }
 
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
       std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override {
-    for (at::Tensor& t : tensors) reduce_in_place(t, opts.reduceOp, "all_reduce_coalesced");
+    for (at::Tensor& t : tensors) {
+      std::vector<at::Tensor> one{t};
+      allreduce(one, opts);
+    }
     return completed(tensors);
   }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override {
     at::Tensor& t = single(tensors, "broadcast");
+    if (!group_) {
+      std::vector<at::Tensor> host{host_view(t)};
+      wait(inner_->broadcast(host, timed(opts)));
+      return completed(tensors);
+    }
     run("broadcast", [&] {
       group_->broadcast(host_bytes(t, "broadcast"), t.nbytes(), static_cast<int>(opts.rootRank));
     });
@@ -127,6 +147,13 @@ class NeuronBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
                                         const c10d::ReduceOptions& opts) override {
     at::Tensor& t = single(tensors, "reduce");
+    if (!group_) {
+      std::vector<at::Tensor> host{host_view(t)};
+      c10d::ReduceOptions o = timed(opts);
+      o.reduceOp = gloo_op(t, opts.reduceOp);
+      wait(inner_->reduce(host, o));
+      return completed(tensors);
+    }
     at::Tensor work = rank_ == opts.rootRank ? t : t.clone();
     reduce_in_place(work, opts.reduceOp, "reduce");
     return completed(tensors);
@@ -194,8 +221,10 @@ class NeuronBackend final : public c10d::Backend {
     at::Tensor staging = at::empty_like(output, at::MemoryFormat::Contiguous);
     for (int r = 0; r < size_; ++r) {
       if (rank_ == root) staging.copy_(inputs[0][r]);
-      run("scatter",
-          [&] { group_->broadcast(host_bytes(staging, "scatter"), staging.nbytes(), root); });
+      std::vector<at::Tensor> one{staging};
+      auto options = timed<c10d::BroadcastOptions>();
+      options.rootRank = root;
+      broadcast(one, options);
       if (rank_ == r) output.copy_(staging);
     }
     return completed(outputs);
@@ -232,6 +261,13 @@ class NeuronBackend final : public c10d::Backend {
     const std::vector<size_t> recv = split_bytes(output, output_splits, "output_split_sizes");
     const void* in = host_bytes(input, "all_to_all_single");
     void* out = host_bytes(output, "all_to_all_single");
+    if (!group_) {
+      at::Tensor host_out = host_view(output);
+      at::Tensor host_in = host_view(input);
+      wait(inner_->alltoall_base(host_out, host_in, output_splits, input_splits,
+                                 timed<c10d::AllToAllOptions>()));
+      return completed({output});
+    }
     run("all_to_all_single", [&] { group_->all_to_all(in, send.data(), out, recv.data()); });
     return completed({output});
   }
@@ -257,7 +293,19 @@ class NeuronBackend final : public c10d::Backend {
                   outputs[0].options());
     const void* in = host_bytes(packed_in, "all_to_all");
     void* out = host_bytes(packed_out, "all_to_all");
-    run("all_to_all", [&] { group_->all_to_all(in, send.data(), out, recv.data()); });
+    if (!group_) {
+      std::vector<int64_t> out_splits, in_splits;
+      for (int r = 0; r < size_; ++r) {
+        in_splits.push_back(static_cast<int64_t>(send[r] / outputs[0].element_size()));
+        out_splits.push_back(static_cast<int64_t>(recv[r] / outputs[0].element_size()));
+      }
+      at::Tensor host_out = host_view(packed_out);
+      at::Tensor host_in = host_view(packed_in);
+      wait(inner_->alltoall_base(host_out, host_in, out_splits, in_splits,
+                                 timed<c10d::AllToAllOptions>()));
+    } else {
+      run("all_to_all", [&] { group_->all_to_all(in, send.data(), out, recv.data()); });
+    }
     int64_t at = 0;
     for (int r = 0; r < size_; ++r) {
       const int64_t n = outputs[r].numel();
@@ -267,12 +315,68 @@ class NeuronBackend final : public c10d::Backend {
     return completed(outputs);
   }
 
-  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions&) override {
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
+    if (!group_) {
+      wait(inner_->barrier(timed(opts)));
+      return completed({});
+    }
     run("barrier", [&] { group_->barrier(); });
     return completed({});
   }
 
+  // Point to point always goes through Gloo, over CPU views of the device memory, and
+  // returns Gloo's own Work: the caller keeps the tensor alive until wait(), as on CUDA.
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override {
+    std::vector<at::Tensor> host{host_view(single(tensors, "send"))};
+    return inner_->send(host, dst, tag);  // not waited here: isend; irecv must not deadlock
+  }
+
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override {
+    std::vector<at::Tensor> host{host_view(single(tensors, "recv"))};
+    return inner_->recv(host, src, tag);
+  }
+
  private:
+  // A CPU tensor over the same bytes, for Gloo (which refuses other devices). The device
+  // tensor stays alive for the whole (synchronous) call.
+  static at::Tensor host_view(const at::Tensor& t) {
+    host_bytes(t, "a Gloo collective");
+    if (t.is_cpu()) return t;
+    return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options().device(at::kCPU));
+  }
+
+  void wait(const c10::intrusive_ptr<c10d::Work>& work) {
+    try {
+      work->wait();
+    } catch (const c10::Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      C10_THROW_ERROR(DistBackendError,
+                      std::string("neuron backend (Gloo transport): ") + e.what());
+    }
+  }
+
+  // Gloo has no PREMUL_SUM: the tensor is scaled here and summed there.
+  c10d::ReduceOp gloo_op(at::Tensor& t, const c10d::ReduceOp& op) {
+    if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return op;
+    prepare(t, op, "all_reduce");
+    return c10d::ReduceOp(c10d::ReduceOp::SUM);
+  }
+
+  static c10d::ReduceOp::RedOpType to_c10d(ReduceOp op) {
+    switch (op) {
+      case ReduceOp::kSum:
+        return c10d::ReduceOp::SUM;
+      case ReduceOp::kProduct:
+        return c10d::ReduceOp::PRODUCT;
+      case ReduceOp::kMax:
+        return c10d::ReduceOp::MAX;
+      case ReduceOp::kMin:
+        return c10d::ReduceOp::MIN;
+    }
+    return c10d::ReduceOp::SUM;
+  }
+
   template <class Fn>
   void run(const char* what, Fn&& fn) {
     try {
@@ -343,6 +447,12 @@ class NeuronBackend final : public c10d::Backend {
     }
     const void* in = host_bytes(input, what);
     void* out = host_bytes(output, what);
+    if (!group_) {
+      at::Tensor host_out = host_view(output);
+      at::Tensor host_in = host_view(input);
+      wait(inner_->_allgather_base(host_out, host_in, timed<c10d::AllgatherOptions>()));
+      return;
+    }
     run(what, [&] { group_->all_gather(in, out, input.nbytes()); });
   }
 
@@ -360,7 +470,15 @@ class NeuronBackend final : public c10d::Backend {
     const ElementType type = element_type(output);
     const void* in = host_bytes(source, what);
     void* out = host_bytes(output, what);
-    run(what, [&] { group_->reduce_scatter(in, out, output.numel(), type, reduce); });
+    if (!group_) {
+      at::Tensor host_out = host_view(output);
+      at::Tensor host_in = host_view(source);
+      auto o = timed<c10d::ReduceScatterOptions>();
+      o.reduceOp = c10d::ReduceOp(to_c10d(reduce));
+      wait(inner_->_reduce_scatter_base(host_out, host_in, o));
+    } else {
+      run(what, [&] { group_->reduce_scatter(in, out, output.numel(), type, reduce); });
+    }
     finish_average(output, op);
   }
 
@@ -399,7 +517,16 @@ class NeuronBackend final : public c10d::Backend {
     }
   }
 
-  std::unique_ptr<nrt::dist::ShmGroup> group_;
+  // Options made here carry the group's timeout: Gloo does not resolve "unset" itself.
+  template <class Options>
+  Options timed(Options options = Options()) const {
+    if (options.timeout == c10d::kUnsetTimeout) options.timeout = timeout_;
+    return options;
+  }
+
+  std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<c10d::Backend> inner_;
+  std::unique_ptr<nrt::dist::ShmGroup> group_;  // null: every collective goes through inner_
 };
 
 }  // namespace
@@ -407,12 +534,14 @@ class NeuronBackend final : public c10d::Backend {
 void register_dist_backend(py::module_& m) {
   m.def(
       "_dist_create_backend",
-      [](const std::string& name, int rank, int size,
-         std::chrono::milliseconds timeout) -> c10::intrusive_ptr<c10d::Backend> {
-        return c10::make_intrusive<NeuronBackend>(name, rank, size, timeout);
+      [](const std::string& name, int rank, int size, std::chrono::milliseconds timeout,
+         c10::intrusive_ptr<c10d::Backend> inner,
+         bool use_shm) -> c10::intrusive_ptr<c10d::Backend> {
+        return c10::make_intrusive<NeuronBackend>(name, rank, size, timeout, std::move(inner),
+                                                  use_shm);
       },
-      py::arg("name"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
-      py::call_guard<py::gil_scoped_release>());
+      py::arg("name"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("inner"),
+      py::arg("use_shm"), py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace torchneuron
