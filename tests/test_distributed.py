@@ -227,6 +227,24 @@ def _parallel_training(rank: int, size: int) -> str:
         assert q.device.type == "neuron"
         torch.testing.assert_close(q.full_tensor().cpu(), p.detach(), **TOL)
 
+    # FSDP2 on a Llama-style model: every decoder layer and the root sharded
+    from conftest import tiny_llama
+
+    ids = torch.randint(3, 64, (2 * size, 12), generator=torch.Generator().manual_seed(2))
+    single = tiny_llama()
+    sharded = tiny_llama().to(dev)
+    for layer in sharded.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(sharded, mesh=mesh)
+    for model, batch in ((single, ids), (sharded, ids.chunk(size)[rank].to(dev))):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            opt.zero_grad()
+            model(input_ids=batch, labels=batch).loss.backward()
+            opt.step()
+    for (name, p), q in zip(single.named_parameters(), sharded.parameters(), strict=True):
+        torch.testing.assert_close(q.full_tensor().cpu(), p.detach(), **TOL, msg=name)
+
     tp = parallelize_module(_mlp().to(dev), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
     x = _batches()[0]
     out = tp(x.to(dev))
@@ -241,8 +259,9 @@ def _parallel_training(rank: int, size: int) -> str:
     return "ok"
 
 
-def test_ddp_fsdp2_and_tensor_parallel_equal_one_device():
-    assert run_ranks(_parallel_training, 2) == {0: "ok", 1: "ok"}
+@pytest.mark.parametrize("size", [2, 4])
+def test_ddp_fsdp2_and_tensor_parallel_equal_one_device(size):
+    assert run_ranks(_parallel_training, size) == dict.fromkeys(range(size), "ok")
 
 
 # --- faults --------------------------------------------------------------------------------
