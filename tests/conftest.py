@@ -7,7 +7,9 @@ with their own environment (``run_python``).
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -31,6 +33,7 @@ for _name in _CONFIG_VARIABLES:
 # what an earlier run left in the system temp directory.
 os.environ["TORCH_NEURONX_NEFF_CACHE_DIR"] = tempfile.mkdtemp(prefix="torchneuron-test-neff-")
 os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+atexit.register(shutil.rmtree, os.environ["TORCH_NEURONX_NEFF_CACHE_DIR"], ignore_errors=True)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
