@@ -31,9 +31,12 @@ for _name in _CONFIG_VARIABLES:
 
 # Compiled graphs go to a cache of this run's own, so no test depends on (or is helped by)
 # what an earlier run left in the system temp directory.
-os.environ["TORCH_NEURONX_NEFF_CACHE_DIR"] = tempfile.mkdtemp(prefix="torchneuron-test-neff-")
-os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-atexit.register(shutil.rmtree, os.environ["TORCH_NEURONX_NEFF_CACHE_DIR"], ignore_errors=True)
+# Ranks spawned by the tests import this module too: they reuse their parent's directory.
+if "TORCHNEURON_TEST_NEFF_OWNER" not in os.environ:
+    os.environ["TORCHNEURON_TEST_NEFF_OWNER"] = str(os.getpid())
+    os.environ["TORCH_NEURONX_NEFF_CACHE_DIR"] = tempfile.mkdtemp(prefix="torchneuron-test-neff-")
+    os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    atexit.register(shutil.rmtree, os.environ["TORCH_NEURONX_NEFF_CACHE_DIR"], ignore_errors=True)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
