@@ -8,13 +8,18 @@ and goes hits both sides alike.
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import gc
 import math
 import os
 import platform
 import statistics
+import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -76,6 +81,44 @@ def set_threads(threads: int) -> None:
     """Intra-op threads for both devices (0 keeps torch's default)."""
     if threads > 0:
         torch.set_num_threads(threads)
+
+
+def parse_and_start(description: str, quick_help: str, argv: list[str] | None) -> Any:
+    """The options every device benchmark takes (--quick, --markdown, --threads): parses them,
+    sets the threads, prints the host banner. None (after saying why) without a device."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--markdown", action="store_true", help="also print a Markdown table")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="intra-op threads (default 1; 0: torch's default)"
+    )
+    args = parser.parse_args(argv)
+    set_threads(args.threads)
+    if not torch.neuron.is_available():
+        print("no neuron device available", file=sys.stderr)
+        return None
+    print(host_banner(), flush=True)
+    return args
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """No garbage-collector pauses inside the timed region."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def print_table(table: Table, markdown: bool) -> None:
+    print()
+    print(table.text())
+    if markdown:
+        print()
+        print(table.markdown())
 
 
 def host_banner() -> str:

@@ -29,7 +29,7 @@ import time
 
 import torch
 import torch.multiprocessing as mp
-from _harness import Table, fmt
+from _harness import Table, fmt, print_table
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 WORLD = 2
@@ -185,11 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     for p in procs:
         p.join()
     t, passed, total = table(rows)
-    print()
-    print(t.text())
-    if args.markdown:
-        print()
-        print(t.markdown())
+    print_table(t, args.markdown)
     print()
     print(
         f"{passed}/{total} rows within target; measured in {time.perf_counter() - start:.0f} s; "

@@ -24,9 +24,7 @@ Both devices run one intra-op thread (--threads), alternate in blocks and report
 
 from __future__ import annotations
 
-import argparse
 import copy
-import gc
 import json
 import os
 import subprocess
@@ -37,7 +35,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from _harness import Table, calibrate, fmt, host_banner, interleaved, set_threads
+from _harness import (
+    Table,
+    calibrate,
+    fmt,
+    gc_paused,
+    interleaved,
+    parse_and_start,
+    print_table,
+)
 
 TARGET = 0.95  # Inductor-on-CPU time / neuron compiled time, at least
 BATCH, SEQ = 4, 128
@@ -191,42 +197,24 @@ def table(rows: list[Row]) -> Table:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer rounds, no start times")
-    parser.add_argument("--markdown", action="store_true", help="also print a Markdown table")
-    parser.add_argument(
-        "--threads", type=int, default=1, help="intra-op threads (default 1; 0: torch's default)"
-    )
-    args = parser.parse_args(argv)
-    set_threads(args.threads)
-    if not torch.neuron.is_available():
-        print("no neuron device available", file=sys.stderr)
+    args = parse_and_start(__doc__.split("\n")[0], "fewer rounds, no start times", argv)
+    if args is None:
         return 2
-    print(host_banner(), flush=True)
     params = sum(p.numel() for p in build("cpu").parameters())
     print(
         f"Llama from config: {params / 1e6:.1f}M parameters, batch {BATCH} x {SEQ} tokens",
         flush=True,
     )
     start = time.perf_counter()
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         rows = measure(args.quick)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
     starts: list[tuple[str, dict[str, float]]] = []
     if not args.quick:
         with tempfile.TemporaryDirectory(prefix="neff-bench-") as cache:
             for label in ("cold (empty cache)", "warm (cache filled)"):
                 print(f"start time, {label} ...", flush=True)
                 starts.append((label, start_time(cache, max(args.threads, 1))))
-    print()
-    print(table(rows).text())
-    if args.markdown:
-        print()
-        print(table(rows).markdown())
+    print_table(table(rows), args.markdown)
     for label, result in starts:
         print(
             f"compile to first backward, {label}: {result['seconds']:.1f} s "

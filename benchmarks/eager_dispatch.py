@@ -27,8 +27,6 @@ asynchronous.
 
 from __future__ import annotations
 
-import argparse
-import gc
 import os
 import sys
 import time
@@ -41,10 +39,11 @@ from _harness import (
     Table,
     calibrate,
     fmt,
-    host_banner,
+    gc_paused,
     interleaved,
+    parse_and_start,
+    print_table,
     rounds_for,
-    set_threads,
     time_block,
 )
 
@@ -213,39 +212,17 @@ def table(rows: list[Row]) -> Table:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer sizes and repeats")
-    parser.add_argument("--markdown", action="store_true", help="also print a Markdown table")
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="intra-op threads for both devices (default 1; 0 keeps torch's default)",
-    )
-    args = parser.parse_args(argv)
-    set_threads(args.threads)
-    if not torch.neuron.is_available():
-        print("no neuron device available", file=sys.stderr)
+    args = parse_and_start(__doc__.split("\n")[0], "fewer sizes and repeats", argv)
+    if args is None:
         return 2
-
-    print(host_banner(), flush=True)
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
     start = time.perf_counter()
-    try:
+    with gc_paused():
         print("measuring dispatch overhead on tiny tensors ...", flush=True)
         rows = bench_dispatch(args.quick)
         print("measuring throughput at large sizes ...", flush=True)
         rows += bench_throughput(args.quick)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
     elapsed = time.perf_counter() - start
-    print()
-    print(table(rows).text())
-    if args.markdown:
-        print()
-        print(table(rows).markdown())
+    print_table(table(rows), args.markdown)
     missed = [r for r in rows if not r.passed]
     print()
     print(

@@ -24,8 +24,6 @@ SDPA uses 8 heads of 64, causal, sequence length n/512 capped at 512, batch fill
 
 from __future__ import annotations
 
-import argparse
-import gc
 import os
 import sys
 import time
@@ -39,11 +37,12 @@ from _harness import (
     Table,
     calibrate,
     fmt,
+    gc_paused,
     geomean,
-    host_banner,
     interleaved,
+    parse_and_start,
+    print_table,
     rounds_for,
-    set_threads,
     time_block,
 )
 
@@ -227,24 +226,13 @@ def table(rows: list[Row]) -> Table:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer sizes and repeats")
-    parser.add_argument("--markdown", action="store_true", help="also print a Markdown table")
-    parser.add_argument(
-        "--threads", type=int, default=1, help="intra-op threads (default 1; 0: torch's default)"
-    )
-    args = parser.parse_args(argv)
-    set_threads(args.threads)
-    if not torch.neuron.is_available():
-        print("no neuron device available", file=sys.stderr)
+    args = parse_and_start(__doc__.split("\n")[0], "fewer sizes and repeats", argv)
+    if args is None:
         return 2
-    print(host_banner(), flush=True)
     todo = cases(args.quick)
     rows: list[Row] = []
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
     start = time.perf_counter()
-    try:
+    with gc_paused():
         for i, (op, nominal, make) in enumerate(todo, 1):
             row = measure(op, nominal, make, args.quick)
             rows.append(row)
@@ -253,15 +241,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"({time.perf_counter() - start:.0f} s)",
                 flush=True,
             )
-    finally:
-        if gc_was_enabled:
-            gc.enable()
     elapsed = time.perf_counter() - start
-    print()
-    print(table(rows).text())
-    if args.markdown:
-        print()
-        print(table(rows).markdown())
+    print_table(table(rows), args.markdown)
     targeted = [r for r in rows if r.has_target]
     passed = sum(r.ratio >= TARGET for r in targeted)
     print()

@@ -22,9 +22,7 @@ near-tie (reported, not failed).
 
 from __future__ import annotations
 
-import argparse
 import copy
-import gc
 import os
 import statistics
 import sys
@@ -32,7 +30,15 @@ import time
 from dataclasses import dataclass
 
 import torch
-from _harness import Table, fmt, geomean, host_banner, set_threads, sync
+from _harness import (
+    Table,
+    fmt,
+    gc_paused,
+    geomean,
+    parse_and_start,
+    print_table,
+    sync,
+)
 
 TARGET = 1.0  # neuron tok/s / CPU tok/s, at least
 PROMPT_LEN = 64
@@ -183,20 +189,11 @@ def table(rows: list[Row]) -> Table:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="batch 1 only, 3 rounds")
-    parser.add_argument("--markdown", action="store_true", help="also print a Markdown table")
-    parser.add_argument(
-        "--threads", type=int, default=1, help="intra-op threads (default 1; 0: torch's default)"
-    )
-    args = parser.parse_args(argv)
-    set_threads(args.threads)
-    if not torch.neuron.is_available():
-        print("no neuron device available", file=sys.stderr)
+    args = parse_and_start(__doc__.split("\n")[0], "batch 1 only, 3 rounds", argv)
+    if args is None:
         return 2
     from transformers import LlamaForCausalLM
 
-    print(host_banner(), flush=True)
     torch.manual_seed(0)
     base = LlamaForCausalLM(llama_config()).eval()
     params = sum(p.numel() for p in base.parameters())
@@ -209,35 +206,25 @@ def main(argv: list[str] | None = None) -> int:
     rounds = 3 if args.quick else 7
     rows: list[Row] = []
     start = time.perf_counter()
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        with torch.inference_mode():
-            for dtype in (torch.float32, torch.bfloat16):
-                cpu_model = copy.deepcopy(base).to(dtype)
-                neuron_model = copy.deepcopy(cpu_model).to("neuron")
-                for batch in batches:
-                    first, samples = measure(cpu_model, neuron_model, batch, rounds)
-                    new = rows_for(dtype, batch, first, samples)
-                    rows += new
-                    for r in new:
-                        print(
-                            f"{r.dtype} batch {r.batch} {r.phase}: cpu {fmt(r.cpu)} tok/s, "
-                            f"neuron {fmt(r.neuron)} tok/s, ratio {r.ratio:.3f} "
-                            f"({time.perf_counter() - start:.0f} s)",
-                            flush=True,
-                        )
-                del cpu_model, neuron_model
-                torch.neuron.empty_cache()
-    finally:
-        if gc_was_enabled:
-            gc.enable()
+    with gc_paused(), torch.inference_mode():
+        for dtype in (torch.float32, torch.bfloat16):
+            cpu_model = copy.deepcopy(base).to(dtype)
+            neuron_model = copy.deepcopy(cpu_model).to("neuron")
+            for batch in batches:
+                first, samples = measure(cpu_model, neuron_model, batch, rounds)
+                new = rows_for(dtype, batch, first, samples)
+                rows += new
+                for r in new:
+                    print(
+                        f"{r.dtype} batch {r.batch} {r.phase}: cpu {fmt(r.cpu)} tok/s, "
+                        f"neuron {fmt(r.neuron)} tok/s, ratio {r.ratio:.3f} "
+                        f"({time.perf_counter() - start:.0f} s)",
+                        flush=True,
+                    )
+            del cpu_model, neuron_model
+            torch.neuron.empty_cache()
     elapsed = time.perf_counter() - start
-    print()
-    print(table(rows).text())
-    if args.markdown:
-        print()
-        print(table(rows).markdown())
+    print_table(table(rows), args.markdown)
     float32_differs = [r for r in rows if r.dtype == "float32" and not r.same_tokens]
     passed = sum(r.ratio >= TARGET for r in rows)
     print()
