@@ -1,8 +1,9 @@
 // torch.autocast("neuron"): the same per-op precision policy as PyTorch's CUDA autocast
 // (lower precision for matmul/linear/conv/bmm/baddbmm/SDPA, float32 for softmax, norms,
-// losses and precision-sensitive reductions, widest type for mixed-input ops), using the op
-// lists ATen publishes for backends to reuse.
+// losses and precision-sensitive reductions, widest type for mixed-input ops, and the ops
+// CUDA bans), using the op lists ATen publishes for backends to reuse.
 #include <ATen/autocast_mode.h>
+#include <c10/util/Exception.h>
 #include <torch/library.h>
 
 // The KERNEL macros name ATen types unqualified, so the registrations live in at::autocast.
@@ -14,6 +15,19 @@ namespace {
 #define NEURON_FP32_SET_OPT_DTYPE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32_set_opt_dtype)
 #define NEURON_PROMOTE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, promote)
 
+// binary_cross_entropy takes probabilities, whose log is badly conditioned in 16 bits;
+// CUDA's autocast refuses it rather than silently losing precision, and so do we (ATen's
+// own refusal kernel is file-local, so the message is restated here).
+Tensor binary_cross_entropy_refused(const Tensor&, const Tensor&, const std::optional<Tensor>&,
+                                    int64_t) {
+  TORCH_CHECK(false,
+              "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to "
+              "autocast.\nMany models use a sigmoid layer right before the binary cross entropy "
+              "layer.\nIn this case, combine the two layers using "
+              "torch.nn.functional.binary_cross_entropy_with_logits\nor torch.nn.BCEWithLogitsLoss."
+              "  binary_cross_entropy_with_logits and BCEWithLogits are\nsafe to autocast.");
+}
+
 TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m){
     AT_FORALL_LOWER_PRECISION_FP(NEURON_LOWER_PRECISION_FP) AT_FORALL_FP32(NEURON_FP32)
         AT_FORALL_FP32_SET_OPT_DTYPE(NEURON_FP32_SET_OPT_DTYPE)
@@ -21,9 +35,12 @@ TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m){
                 KERNEL_DIFFERENT_REDISPATCH_SIGNATURE_PRIVATEUSEONE)
                 AT_FORALL_PROMOTE(NEURON_PROMOTE)}
 
-TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFallthrough());
+TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
+  m.impl(TORCH_SELECTIVE_NAME("aten::binary_cross_entropy"),
+         TORCH_FN(binary_cross_entropy_refused));
 }
+
+TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) { m.fallback(torch::CppFunction::makeFallthrough()); }
 
 }  // namespace
 }  // namespace at::autocast
