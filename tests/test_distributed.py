@@ -267,34 +267,66 @@ def test_ddp_fsdp2_and_tensor_parallel_equal_one_device(size):
 # --- faults --------------------------------------------------------------------------------
 
 
-def _dead_peer(rank: int, size: int) -> str:
+def _killed_peer(rank: int, size: int) -> str:
+    import datetime
+    import signal
     import time
 
     import torch.distributed as dist
 
     dist.destroy_process_group()
-    dist.init_process_group(
-        "neuron", rank=rank, world_size=size, timeout=__import__("datetime").timedelta(seconds=3)
-    )
+    # A long group timeout: the exit must be noticed by liveness, not by the timeout.
+    dist.init_process_group("neuron", rank=rank, world_size=size, timeout=datetime.timedelta(60))
+    dist.all_reduce(torch.ones(4, device="neuron"))
     if rank == 1:
-        os._exit(0)  # leaves without joining the collective
+        os.kill(os.getpid(), signal.SIGKILL)  # dies without joining the next collective
     start = time.monotonic()
     try:
-        dist.all_reduce(torch.ones(4, device="neuron"))
+        dist.all_reduce(torch.ones(1 << 20, device="neuron"))
     except RuntimeError as error:
         waited = time.monotonic() - start
         message = str(error)
         assert "all_reduce" in message and "rank 1" in message and "exited" in message, message
-        assert waited < 10, waited
+        assert waited < 2, f"the dead rank was noticed after {waited:.2f} s"
         os._exit(0)  # the group is broken; skip the orderly teardown
     raise AssertionError("all_reduce with a dead peer returned")
 
 
-def test_dead_rank_is_named_instead_of_hanging():
+def _stalled_peer(rank: int, size: int) -> str:
+    import datetime
+    import time
+
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
+    dist.init_process_group("neuron", rank=rank, world_size=size, timeout=datetime.timedelta(60))
+    if rank == 1:
+        time.sleep(3)  # alive, but late for rank 0's barrier
+        try:
+            dist.barrier()  # rank 0 gave up and exited: noticed by liveness, no hang
+        except RuntimeError as error:
+            assert "rank 0" in str(error) and "exited" in str(error), str(error)
+            os._exit(0)
+        raise AssertionError("a barrier with an exited peer returned")
+    start = time.monotonic()
+    try:
+        dist.barrier(timeout=datetime.timedelta(milliseconds=500))
+    except RuntimeError as error:
+        waited = time.monotonic() - start
+        message = str(error)
+        assert "timed out after 500 ms" in message, message
+        assert "rank 1" in message and "stalled" in message, message
+        assert waited < 2, f"the call timeout fired after {waited:.2f} s"
+        os._exit(0)
+    raise AssertionError("a barrier with a stalled peer returned")
+
+
+def _run_fault(fn: Callable[[int, int], object]) -> list[int | None]:
+    """Runs a fault scenario whose ranks end with os._exit(0) once their checks pass."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_entry, args=(_dead_peer, r, 2, port, results)) for r in range(2)]
+    procs = [ctx.Process(target=_entry, args=(fn, r, 2, port, results)) for r in range(2)]
     for p in procs:
         p.start()
     for p in procs:
@@ -309,7 +341,19 @@ def test_dead_rank_is_named_instead_of_hanging():
         except queue.Empty:
             break
     assert not [r for r in reports if r[1] == "error"], reports
-    assert [p.exitcode for p in procs] == [0, 0]
+    return [p.exitcode for p in procs]
+
+
+def test_killed_rank_is_reported_within_seconds():
+    """A rank SIGKILLed between collectives is named as exited by its peer in under 2 s,
+    with a 60 s group timeout (regression: it was reported only at the group timeout)."""
+    assert _run_fault(_killed_peer) == [0, -9]
+
+
+def test_per_call_timeout_is_honoured():
+    """dist.barrier(timeout=500 ms) raises after 500 ms naming the stalled rank, with a 60 s
+    group timeout (regression: the shared-memory path used the group timeout)."""
+    assert _run_fault(_stalled_peer) == [0, 0]
 
 
 def _mismatch(rank: int, size: int) -> str:

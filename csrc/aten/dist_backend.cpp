@@ -109,6 +109,7 @@ class NeuronBackend final : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
+    const CallTimeout call_timeout(*this, opts.timeout);
     at::Tensor& t = single(tensors, "all_reduce");
     if (!group_) {
       std::vector<at::Tensor> host{host_view(t)};
@@ -132,6 +133,7 @@ class NeuronBackend final : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override {
+    const CallTimeout call_timeout(*this, opts.timeout);
     at::Tensor& t = single(tensors, "broadcast");
     if (!group_) {
       std::vector<at::Tensor> host{host_view(t)};
@@ -146,6 +148,7 @@ class NeuronBackend final : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
                                         const c10d::ReduceOptions& opts) override {
+    const CallTimeout call_timeout(*this, opts.timeout);
     at::Tensor& t = single(tensors, "reduce");
     if (!group_) {
       std::vector<at::Tensor> host{host_view(t)};
@@ -160,14 +163,16 @@ class NeuronBackend final : public c10d::Backend {
   }
 
   c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
-                                                 const c10d::AllgatherOptions&) override {
+                                                 const c10d::AllgatherOptions& opts) override {
+    const CallTimeout call_timeout(*this, opts.timeout);
     gather_into(output, input, "all_gather_into_tensor");
     return completed({output});
   }
 
   c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-      const c10d::AllgatherOptions&) override {
+      const c10d::AllgatherOptions& opts) override {
+    const CallTimeout call_timeout(*this, opts.timeout);
     check_pairs(outputs, inputs, "all_gather_into_tensor_coalesced");
     for (size_t i = 0; i < inputs.size(); ++i) {
       gather_into(outputs[i], inputs[i], "all_gather_into_tensor_coalesced");
@@ -177,7 +182,8 @@ class NeuronBackend final : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                            std::vector<at::Tensor>& inputs,
-                                           const c10d::AllgatherOptions&) override {
+                                           const c10d::AllgatherOptions& opts) override {
+    const CallTimeout call_timeout(*this, opts.timeout);
     at::Tensor& input = single(inputs, "all_gather");
     if (outputs.size() != 1 || outputs[0].size() != static_cast<size_t>(size_)) {
       C10_THROW_ERROR(DistBackendError,
@@ -194,6 +200,7 @@ class NeuronBackend final : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
       at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override {
+    const CallTimeout call_timeout(*this, opts.timeout);
     scatter_reduced(output, input, opts.reduceOp, "reduce_scatter_tensor");
     return completed({output});
   }
@@ -201,6 +208,7 @@ class NeuronBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::ReduceScatterOptions& opts) override {
+    const CallTimeout call_timeout(*this, opts.timeout);
     check_pairs(outputs, inputs, "reduce_scatter_tensor_coalesced");
     for (size_t i = 0; i < inputs.size(); ++i) {
       scatter_reduced(outputs[i], inputs[i], opts.reduceOp, "reduce_scatter_tensor_coalesced");
@@ -211,6 +219,7 @@ class NeuronBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
                                          std::vector<std::vector<at::Tensor>>& inputs,
                                          const c10d::ScatterOptions& opts) override {
+    const CallTimeout call_timeout(*this, opts.timeout);
     at::Tensor& output = single(outputs, "scatter");
     const int root = static_cast<int>(opts.rootRank);
     if (rank_ == root && (inputs.size() != 1 || inputs[0].size() != static_cast<size_t>(size_))) {
@@ -233,6 +242,7 @@ class NeuronBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
                                         std::vector<at::Tensor>& inputs,
                                         const c10d::GatherOptions& opts) override {
+    const CallTimeout call_timeout(*this, opts.timeout);
     at::Tensor input = single(inputs, "gather").contiguous();
     at::Tensor flat = at::empty({size_ * input.numel()}, input.options());
     gather_into(flat, input, "gather");
@@ -252,7 +262,8 @@ class NeuronBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
                                                std::vector<int64_t>& output_splits,
                                                std::vector<int64_t>& input_splits,
-                                               const c10d::AllToAllOptions&) override {
+                                               const c10d::AllToAllOptions& opts) override {
+    const CallTimeout call_timeout(*this, opts.timeout);
     if (input.scalar_type() != output.scalar_type()) {
       C10_THROW_ERROR(DistBackendError,
                       "neuron backend: all_to_all_single needs input and output of one dtype");
@@ -264,8 +275,7 @@ class NeuronBackend final : public c10d::Backend {
     if (!group_) {
       at::Tensor host_out = host_view(output);
       at::Tensor host_in = host_view(input);
-      wait(inner_->alltoall_base(host_out, host_in, output_splits, input_splits,
-                                 timed<c10d::AllToAllOptions>()));
+      wait(inner_->alltoall_base(host_out, host_in, output_splits, input_splits, timed(opts)));
       return completed({output});
     }
     run("all_to_all_single", [&] { group_->all_to_all(in, send.data(), out, recv.data()); });
@@ -274,7 +284,8 @@ class NeuronBackend final : public c10d::Backend {
 
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
                                           std::vector<at::Tensor>& inputs,
-                                          const c10d::AllToAllOptions&) override {
+                                          const c10d::AllToAllOptions& opts) override {
+    const CallTimeout call_timeout(*this, opts.timeout);
     if (inputs.size() != static_cast<size_t>(size_) || outputs.size() != inputs.size()) {
       C10_THROW_ERROR(DistBackendError,
                       "neuron backend: all_to_all needs world-size lists of inputs and outputs");
@@ -301,8 +312,7 @@ class NeuronBackend final : public c10d::Backend {
       }
       at::Tensor host_out = host_view(packed_out);
       at::Tensor host_in = host_view(packed_in);
-      wait(inner_->alltoall_base(host_out, host_in, out_splits, in_splits,
-                                 timed<c10d::AllToAllOptions>()));
+      wait(inner_->alltoall_base(host_out, host_in, out_splits, in_splits, timed(opts)));
     } else {
       run("all_to_all", [&] { group_->all_to_all(in, send.data(), out, recv.data()); });
     }
@@ -316,6 +326,7 @@ class NeuronBackend final : public c10d::Backend {
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
+    const CallTimeout call_timeout(*this, opts.timeout);
     if (!group_) {
       wait(inner_->barrier(timed(opts)));
       return completed({});
@@ -517,14 +528,41 @@ class NeuronBackend final : public c10d::Backend {
     }
   }
 
-  // Options made here carry the group's timeout: Gloo does not resolve "unset" itself.
+  // An operation's own timeout (dist.barrier(timeout=...), options passed to the group)
+  // holds for the whole call, on either transport; unset means the group's. Restores the
+  // outer value, since some operations are made of others.
+  class CallTimeout {
+   public:
+    CallTimeout(NeuronBackend& backend, std::chrono::milliseconds timeout)
+        : backend_(backend), outer_(backend.call_timeout_) {
+      if (timeout != c10d::kUnsetTimeout) backend_.apply_call_timeout(timeout);
+    }
+    CallTimeout(const CallTimeout&) = delete;
+    CallTimeout& operator=(const CallTimeout&) = delete;
+    ~CallTimeout() { backend_.apply_call_timeout(outer_); }
+
+   private:
+    NeuronBackend& backend_;
+    std::chrono::milliseconds outer_;
+  };
+
+  void apply_call_timeout(std::chrono::milliseconds timeout) {
+    call_timeout_ = timeout;
+    if (group_) group_->set_call_timeout(timeout);
+  }
+
+  // Options made here carry the call's or the group's timeout: Gloo does not resolve
+  // "unset" itself.
   template <class Options>
   Options timed(Options options = Options()) const {
-    if (options.timeout == c10d::kUnsetTimeout) options.timeout = timeout_;
+    if (options.timeout == c10d::kUnsetTimeout) {
+      options.timeout = call_timeout_ != c10d::kUnsetTimeout ? call_timeout_ : timeout_;
+    }
     return options;
   }
 
   std::chrono::milliseconds timeout_;
+  std::chrono::milliseconds call_timeout_ = c10d::kUnsetTimeout;
   c10::intrusive_ptr<c10d::Backend> inner_;
   std::unique_ptr<nrt::dist::ShmGroup> group_;  // null: every collective goes through inner_
 };

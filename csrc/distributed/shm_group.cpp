@@ -1,6 +1,7 @@
 #include "shm_group.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,6 +32,7 @@ struct alignas(64) RankState {
   std::atomic<uint64_t> arrived;
   std::atomic<int32_t> pid;
   Description description;
+  std::atomic<uint64_t> pid_namespace;  // 0: unknown
 };
 
 const char* const kCollectiveNames[] = {"barrier",        "all_reduce", "all_gather",
@@ -45,6 +47,13 @@ bool process_running(int pid) {
   const auto paren = line.rfind(')');
   return paren == std::string::npos || paren + 2 >= line.size() ||
          (line[paren + 2] != 'Z' && line[paren + 2] != 'X');
+}
+
+// Pids are only comparable within one pid namespace (ranks in different containers may
+// share /dev/shm): the namespace's inode number identifies it.
+uint64_t pid_namespace_id() {
+  struct stat info{};
+  return stat("/proc/self/ns/pid", &info) == 0 ? static_cast<uint64_t>(info.st_ino) : 0;
 }
 
 size_t header_bytes() {
@@ -90,6 +99,7 @@ ShmGroup::ShmGroup(const GroupOptions& options)
     for (auto& r : h->ranks) {
       r.arrived.store(0, std::memory_order_relaxed);
       r.pid.store(0, std::memory_order_relaxed);
+      r.pid_namespace.store(0, std::memory_order_relaxed);
     }
     h->magic.store(kMagic, std::memory_order_release);
   } else {
@@ -107,10 +117,16 @@ ShmGroup::ShmGroup(const GroupOptions& options)
                                std::to_string(size_));
     }
   }
+  const uint64_t pid_namespace = pid_namespace_id();
+  header()->ranks[rank_].pid_namespace.store(pid_namespace, std::memory_order_relaxed);
   header()->ranks[rank_].pid.store(static_cast<int32_t>(getpid()), std::memory_order_release);
   arrive_and_wait("group set-up");
   // Everyone is attached: drop the name, so nothing is left behind when processes exit.
   segment_.unlink();
+  for (int r = 0; r < size_; ++r) {
+    peer_visible_[r] = pid_namespace != 0 && header()->ranks[r].pid_namespace.load(
+                                                 std::memory_order_relaxed) == pid_namespace;
+  }
 }
 
 ShmGroup::~ShmGroup() { segment_.unlink(); }
@@ -126,7 +142,9 @@ void ShmGroup::arrive_and_wait(const char* what) {
   const uint64_t target = ++sequence_;
   Header* h = header();
   h->ranks[rank_].arrived.store(target, std::memory_order_release);
-  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  const auto start = std::chrono::steady_clock::now();
+  const auto deadline = start + timeout();
+  auto next_check = start + kLivenessPeriod;
   for (int r = 0; r < size_; ++r) {
     unsigned spins = 0;
     while (h->ranks[r].arrived.load(std::memory_order_acquire) < target) {
@@ -135,10 +153,38 @@ void ShmGroup::arrive_and_wait(const char* what) {
         std::this_thread::yield();
         continue;
       }
-      if (std::chrono::steady_clock::now() >= deadline) fail_timeout(what, target);
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= next_check) {
+        check_liveness(what, target, start);
+        next_check = now + kLivenessPeriod;
+      }
+      if (now >= deadline) fail_timeout(what, target);
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
+}
+
+void ShmGroup::check_liveness(const char* what, uint64_t target,
+                              std::chrono::steady_clock::time_point since) {
+  for (int r = 0; r < size_; ++r) {
+    if (!peer_visible_[r] || header()->ranks[r].arrived.load(std::memory_order_acquire) >= target) {
+      continue;
+    }
+    const int pid = header()->ranks[r].pid.load(std::memory_order_acquire);
+    if (!process_running(pid)) fail_exited(what, r, pid, since);
+  }
+}
+
+void ShmGroup::fail_exited(const char* what, int peer, int pid,
+                           std::chrono::steady_clock::time_point since) {
+  const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::steady_clock::now() - since);
+  throw std::runtime_error(std::string("neuron collective ") + what + " on rank " +
+                           std::to_string(rank_) + ": rank " + std::to_string(peer) + " (pid " +
+                           std::to_string(pid) + ") exited before joining it (noticed after " +
+                           std::to_string(waited.count()) +
+                           " ms of waiting); the group cannot continue: end this process and "
+                           "restart the job (torchrun restarts all ranks with --max-restarts)");
 }
 
 void ShmGroup::fail_timeout(const char* what, uint64_t target) {
@@ -155,7 +201,7 @@ void ShmGroup::fail_timeout(const char* what, uint64_t target) {
                         (alive ? ", running: stalled or in another collective)" : ", exited)"));
   }
   throw std::runtime_error(std::string("neuron collective ") + what + " timed out after " +
-                           std::to_string(timeout_.count()) + " ms on rank " +
+                           std::to_string(timeout().count()) + " ms on rank " +
                            std::to_string(rank_) + ": waiting for " + missing);
 }
 

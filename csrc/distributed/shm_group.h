@@ -3,8 +3,9 @@
 // Layout: a header with one cache-line slot per rank (arrival counter, pid, the
 // description of the collective it is in), then one data slot per rank. Synchronisation is
 // by per-rank sequence numbers: a rank arrives at barrier n by publishing n and waits until
-// every rank has published n or more, so no shared counter needs resetting. A rank that
-// does not arrive within the timeout is named in the error (exited or stalled), and ranks
+// every rank has published n or more, so no shared counter needs resetting. A waiting rank
+// polls the liveness of the ranks it waits for, so one that exited is reported within
+// kLivenessPeriod; one that does not arrive within the timeout is named as stalled; and ranks
 // that enter different collectives, or the same one with other sizes or types, get an
 // error instead of mixing their data.
 #pragma once
@@ -20,6 +21,8 @@
 namespace nrt::dist {
 
 constexpr int kMaxRanks = 64;
+// How often a waiting rank checks that the ranks it waits for are still running.
+constexpr std::chrono::milliseconds kLivenessPeriod{100};
 
 struct GroupOptions {
   std::string name;  // unique per group and host, e.g. "/torchneuron-<id>"
@@ -40,6 +43,13 @@ class ShmGroup {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+
+  // Timeout of the collectives that follow; a negative value restores the group's.
+  void set_call_timeout(std::chrono::milliseconds timeout) { call_timeout_ = timeout; }
+  std::chrono::milliseconds call_timeout() const { return call_timeout_; }
+  std::chrono::milliseconds timeout() const {
+    return call_timeout_.count() >= 0 ? call_timeout_ : timeout_;
+  }
 
   void barrier();
   // In place over `count` elements of every rank's buffer.
@@ -72,13 +82,21 @@ class ShmGroup {
   void begin(Kind kind, uint64_t count, ElementType type, uint32_t extra);
   void arrive_and_wait(const char* what);
   [[noreturn]] void fail_timeout(const char* what, uint64_t target);
+  [[noreturn]] void fail_exited(const char* what, int peer, int pid,
+                                std::chrono::steady_clock::time_point since);
+  // Throws if a rank that has not reached `target` exited (only ranks in this process's
+  // pid namespace: another namespace's pid would look like an exit).
+  void check_liveness(const char* what, uint64_t target,
+                      std::chrono::steady_clock::time_point since);
   [[noreturn]] void fail_mismatch(int other);
 
   int rank_;
   int size_;
   size_t slot_bytes_;
   std::chrono::milliseconds timeout_;
-  uint64_t sequence_ = 0;  // barriers passed by this rank
+  std::chrono::milliseconds call_timeout_{-1};
+  uint64_t sequence_ = 0;
+  bool peer_visible_[kMaxRanks] = {};  // barriers passed by this rank
   SharedSegment segment_;
 };
 

@@ -135,22 +135,58 @@ TEST(ShmGroup, AllGatherReduceScatterBroadcastBarrier) {
   EXPECT_EQ(codes, std::vector<int>(size, 0));
 }
 
-TEST(ShmGroup, DeadRankIsNamedWithinTheTimeout) {
+// A rank that exits is reported within about a second, long before the group timeout.
+TEST(ShmGroup, DeadRankIsReportedWithinASecond) {
   const std::string name = unique_name("dead");
   const auto codes = run_ranks(2, [&](int rank) {
     GroupOptions o = options(name, rank, 2);
-    o.timeout = std::chrono::milliseconds(2000);
+    o.timeout = std::chrono::milliseconds(60000);
     ShmGroup group(o);
     if (rank == 1) _exit(0);  // dies without joining the collective
     float x = 1;
+    const auto start = std::chrono::steady_clock::now();
     try {
       group.all_reduce(&x, 1, ElementType::kFloat32, ReduceOp::kSum);
     } catch (const std::runtime_error& e) {
+      const auto waited = std::chrono::steady_clock::now() - start;
       const std::string what = e.what();
-      const bool named = what.find("all_reduce timed out") != std::string::npos &&
+      const bool named = what.find("all_reduce") != std::string::npos &&
                          what.find("rank 1") != std::string::npos &&
                          what.find("exited") != std::string::npos;
-      return named ? 0 : 5;
+      if (!named) fprintf(stderr, "message: %s\n", what.c_str());
+      return !named ? 5 : waited < std::chrono::seconds(1) ? 0 : 7;
+    }
+    return 6;
+  });
+  EXPECT_EQ(codes, std::vector<int>({0, 0}));
+}
+
+// A live rank that does not arrive is named as stalled when the call's own timeout
+// expires; the group's timeout applies again afterwards.
+TEST(ShmGroup, CallTimeoutOverridesTheGroupTimeout) {
+  const std::string name = unique_name("calltimeout");
+  const auto codes = run_ranks(2, [&](int rank) {
+    GroupOptions o = options(name, rank, 2);
+    o.timeout = std::chrono::milliseconds(60000);
+    ShmGroup group(o);
+    if (rank == 1) {
+      usleep(1500 * 1000);  // stalls past rank 0's call timeout, then exits
+      return 0;
+    }
+    group.set_call_timeout(std::chrono::milliseconds(300));
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      group.barrier();
+    } catch (const std::runtime_error& e) {
+      const auto waited = std::chrono::steady_clock::now() - start;
+      const std::string what = e.what();
+      const bool named = what.find("timed out after 300 ms") != std::string::npos &&
+                         what.find("rank 1") != std::string::npos &&
+                         what.find("stalled") != std::string::npos;
+      if (!named) fprintf(stderr, "message: %s\n", what.c_str());
+      group.set_call_timeout(std::chrono::milliseconds(-1));
+      const bool restored = group.timeout() == std::chrono::milliseconds(60000);
+      return !named ? 5 : !restored ? 8 : waited < std::chrono::milliseconds(1200) ? 0 : 7;
     }
     return 6;
   });
