@@ -33,7 +33,12 @@ TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m){
         AT_FORALL_FP32_SET_OPT_DTYPE(NEURON_FP32_SET_OPT_DTYPE)
             AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE(
                 KERNEL_DIFFERENT_REDISPATCH_SIGNATURE_PRIVATEUSEONE)
-                AT_FORALL_PROMOTE(NEURON_PROMOTE)}
+                AT_FORALL_PROMOTE(NEURON_PROMOTE)
+
+    // The LSTM layer kernel neuron shares with the CPU (recurrent_layers.cpp): lower
+    // precision, as CPU autocast has it and as CUDA has its own RNN kernel (_cudnn_rnn), so an
+    // autocast LSTM computes in the autocast dtype like every other recurrent path.
+    NEURON_LOWER_PRECISION_FP(mkldnn_rnn_layer)}
 
 TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
   m.impl(TORCH_SELECTIVE_NAME("aten::binary_cross_entropy"),
