@@ -190,11 +190,13 @@ def test_legacy_chrome_trace_times_are_inside_the_profile(tmp_path: Path) -> Non
     assert span <= wall_us
 
 
-def _neuron_memory_records(prof) -> list[int]:
+def _neuron_memory_records(prof, device: int = 0) -> list[int]:
     return [
         e.nbytes()
         for e in prof.profiler.kineto_results.events()
-        if e.name() == "[memory]" and e.device_type() == DeviceType.PrivateUse1
+        if e.name() == "[memory]"
+        and e.device_type() == DeviceType.PrivateUse1
+        and e.device_index() == device
     ]
 
 
@@ -205,13 +207,16 @@ def test_memory_events_report_neuron_allocations_and_frees() -> None:
     ) as prof:
         t = torch.empty(MIB // 4, dtype=torch.float32, device="neuron")  # exactly 1 MiB
         del t
+        u = torch.empty(2 * MIB, dtype=torch.uint8, device="neuron:1")
+        del u
     records = _neuron_memory_records(prof)
     assert records.count(MIB) == 1 and records.count(-MIB) == 1, records
     assert records.index(MIB) < records.index(-MIB)
     assert sum(records) == 0
-    empty = _row(prof.key_averages(), "aten::empty")
-    assert empty.device_memory_usage == MIB
-    assert empty.cpu_memory_usage == 0
+    assert _neuron_memory_records(prof, device=1) == [2 * MIB, -2 * MIB]
+    empties = [e for e in prof.events() if e.name == "aten::empty"]
+    assert [e.device_memory_usage for e in empties] == [MIB, 2 * MIB]
+    assert [e.cpu_memory_usage for e in empties] == [0, 0]
 
 
 def test_memory_events_of_host_kernel_results() -> None:
