@@ -77,47 +77,52 @@ size_t segment_size(size_t size) {
 // Devices share the process's host budget, so memory cached on one can starve another.
 void release_cached_on_other_devices(c10::DeviceIndex except);
 
+// Allocations and frees are reported to the profiler (profile_memory=True) as CUDA's are:
+// the block's bytes, positive when handed out and negative when given back, with the
+// device's allocated and reserved totals after the change. Reported after the cache's lock
+// is released, so the profiler never runs under it.
+void report_to_profiler(void* ptr, int64_t bytes, size_t allocated, size_t reserved,
+                        c10::DeviceIndex device) {
+  c10::reportMemoryUsageToProfiler(ptr, bytes, allocated, reserved,
+                                   c10::Device(c10::DeviceType::PrivateUse1, device));
+}
+
+constexpr auto kAggregate = static_cast<size_t>(StatType::AGGREGATE);
+
 class DeviceCache {
  public:
   explicit DeviceCache(c10::DeviceIndex device) : device_(device) {}
 
   Block* allocate(size_t nbytes, c10::StreamId stream) {
-    const size_t size = round_size(nbytes);
-    std::lock_guard<std::mutex> lock(mutex_);
-    process_pending(/*wait=*/false);
-    const bool small = size <= kSmallSize;
-    BlockPool& pool = small ? small_free_ : large_free_;
-    Block* block = take_free(pool, stream, size);
-    if (block == nullptr) {
-      block = new_segment(size, stream, small, nbytes);
+    Block* block = nullptr;
+    size_t allocated = 0;
+    size_t reserved = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      block = allocate_locked(nbytes, stream);
+      allocated = stats_.allocated_bytes[kAggregate].current;
+      reserved = stats_.reserved_bytes[kAggregate].current;
     }
-    block = split(block, size, pool);
-    block->allocated = true;
-    block->requested = nbytes;
-    allocated_.emplace(block->ptr, block);
-    stat_add(stats_.allocation, small, 1);
-    stat_add(stats_.active, small, 1);
-    stat_add(stats_.allocated_bytes, small, block->size);
-    stat_add(stats_.active_bytes, small, block->size);
-    stat_add(stats_.requested_bytes, small, nbytes);
+    if (C10_UNLIKELY(c10::memoryProfilingEnabled())) {
+      report_to_profiler(block->ptr, static_cast<int64_t>(block->size), allocated, reserved,
+                         device_);
+    }
     return block;
   }
 
   // Returns false if ptr is not one of this device's live blocks.
   bool free(void* ptr) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = allocated_.find(ptr);
-    if (it == allocated_.end()) return false;
-    Block* block = it->second;
-    allocated_.erase(it);
-    block->allocated = false;
-    stat_sub(stats_.allocation, block->small, 1);
-    stat_sub(stats_.allocated_bytes, block->small, block->size);
-    stat_sub(stats_.requested_bytes, block->small, block->requested);
-    if (!block->stream_uses.empty()) {
-      defer_until_streams_reach(block);
-    } else {
-      release_to_pool(block);
+    size_t bytes = 0;
+    size_t allocated = 0;
+    size_t reserved = 0;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!free_locked(ptr, &bytes)) return false;
+      allocated = stats_.allocated_bytes[kAggregate].current;
+      reserved = stats_.reserved_bytes[kAggregate].current;
+    }
+    if (C10_UNLIKELY(c10::memoryProfilingEnabled())) {
+      report_to_profiler(ptr, -static_cast<int64_t>(bytes), allocated, reserved, device_);
     }
     return true;
   }
@@ -176,6 +181,46 @@ class DeviceCache {
   }
 
  private:
+  Block* allocate_locked(size_t nbytes, c10::StreamId stream) {
+    const size_t size = round_size(nbytes);
+    process_pending(/*wait=*/false);
+    const bool small = size <= kSmallSize;
+    BlockPool& pool = small ? small_free_ : large_free_;
+    Block* block = take_free(pool, stream, size);
+    if (block == nullptr) {
+      block = new_segment(size, stream, small, nbytes);
+    }
+    block = split(block, size, pool);
+    block->allocated = true;
+    block->requested = nbytes;
+    allocated_.emplace(block->ptr, block);
+    stat_add(stats_.allocation, small, 1);
+    stat_add(stats_.active, small, 1);
+    stat_add(stats_.allocated_bytes, small, block->size);
+    stat_add(stats_.active_bytes, small, block->size);
+    stat_add(stats_.requested_bytes, small, nbytes);
+    return block;
+  }
+
+  // Marks ptr's block free; false if ptr is not one of this device's live blocks.
+  bool free_locked(void* ptr, size_t* bytes) {
+    auto it = allocated_.find(ptr);
+    if (it == allocated_.end()) return false;
+    Block* block = it->second;
+    *bytes = block->size;
+    allocated_.erase(it);
+    block->allocated = false;
+    stat_sub(stats_.allocation, block->small, 1);
+    stat_sub(stats_.allocated_bytes, block->small, block->size);
+    stat_sub(stats_.requested_bytes, block->small, block->requested);
+    if (!block->stream_uses.empty()) {
+      defer_until_streams_reach(block);
+    } else {
+      release_to_pool(block);
+    }
+    return true;
+  }
+
   Block* take_free(BlockPool& pool, c10::StreamId stream, size_t size) {
     Block key{device_, stream, size, nullptr, false};
     auto it = pool.lower_bound(&key);
@@ -225,6 +270,9 @@ class DeviceCache {
     const uint64_t allocated = stats_.allocated_bytes[agg].current;
     const uint64_t reserved = stats_.reserved_bytes[agg].current;
     const std::string runtime_message = nrt_last_error();
+    // An OOM row in profile_memory traces (the profiler only queues it: safe under our lock).
+    c10::reportOutOfMemoryToProfiler(static_cast<int64_t>(requested), allocated, reserved,
+                                     c10::Device(c10::DeviceType::PrivateUse1, device_));
     TORCH_CHECK_WITH(OutOfMemoryError, false, "neuron:", static_cast<int>(device_),
                      " is out of memory: tried to allocate ", format_bytes(requested),
                      " (a segment of ", format_bytes(segment), "). The device has ",

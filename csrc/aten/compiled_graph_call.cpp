@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "allocation_redirect.h"
+#include "device_activity.h"
 #include "host_alias.h"
 
 namespace py = pybind11;
@@ -49,6 +50,7 @@ py::list call_host_graph(const py::function& fn, const py::list& args, int devic
   }
   py::object result;
   {
+    const DeviceActivitySpan span(DeviceActivityKind::kKernel, "compiled_graph", index);
     const DeviceAllocationScope scope(index);
     result = fn(host_args);
   }

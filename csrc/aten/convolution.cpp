@@ -5,6 +5,7 @@
 #include <torch/library.h>
 
 #include "allocation_redirect.h"
+#include "device_activity.h"
 #include "host_alias.h"
 #include "op_tracking.h"
 
@@ -30,6 +31,8 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
   std::optional<at::Tensor> host_bias = alias_optional(aliases, bias);
   at::Tensor result;
   {
+    const DeviceActivitySpan span(DeviceActivityKind::kKernel, "aten::convolution_overrideable",
+                                  device);
     const DeviceAllocationScope scope(device);
     result = at::convolution(host_input, host_weight, host_bias, stride, padding, dilation,
                              transposed, output_padding, groups);
@@ -53,6 +56,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
   if (output_mask[2]) bias_sizes.push_back(grad_output.size(1));
   std::tuple<at::Tensor, at::Tensor, at::Tensor> grads;
   {
+    const DeviceActivitySpan span(DeviceActivityKind::kKernel,
+                                  "aten::convolution_backward_overrideable", device);
     const DeviceAllocationScope scope(device);
     grads = at::convolution_backward(
         host_grad, host_input, host_weight,

@@ -18,6 +18,7 @@
 
 #include "allocation_redirect.h"
 #include "caching_allocator.h"
+#include "device_activity.h"
 #include "device_placement.h"
 #include "device_state.h"
 #include "generator.h"
@@ -160,6 +161,7 @@ void run_on_host_kernels(const c10::OperatorHandle& op, torch::jit::Stack* stack
   }
 
   {
+    const DeviceActivitySpan span(DeviceActivityKind::kKernel, schema.name().c_str(), device);
     DeviceAllocationScope scope(device);
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
   }

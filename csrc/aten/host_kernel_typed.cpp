@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "allocation_redirect.h"
+#include "device_activity.h"
 #include "device_placement.h"
 #include "host_alias.h"
 #include "op_tracking.h"
@@ -103,6 +104,7 @@ struct TypedHostKernel<Op, Ret(Args...)> {
     if constexpr (std::is_same_v<Ret, at::Tensor&>) {
       // In place: the kernel writes through the alias; the neuron argument is the result.
       {
+        const DeviceActivitySpan span(DeviceActivityKind::kKernel, Op::name, device);
         const DeviceAllocationScope scope(device);
         std::apply(
             [](auto&... a) { Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), a...); },
@@ -117,6 +119,7 @@ struct TypedHostKernel<Op, Ret(Args...)> {
                     "typed host kernels return a tensor, a tuple of tensors or a mutable tensor");
       Ret result;
       {
+        const DeviceActivitySpan span(DeviceActivityKind::kKernel, Op::name, device);
         const DeviceAllocationScope scope(device);
         result = std::apply(
             [](auto&... a) {

@@ -12,6 +12,7 @@
 
 #include "allocation_redirect.h"
 #include "caching_allocator.h"
+#include "device_activity.h"
 #include "device_placement.h"
 #include "device_state.h"
 #include "device_storage.h"
@@ -136,6 +137,9 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
   const at::Tensor dst_host = is_device_tensor(dst) ? aliases.alias(dst) : dst;
   const c10::DeviceIndex device =
       is_device_tensor(dst) ? dst.device().index() : self.device().index();
+  const DeviceActivitySpan span(DeviceActivityKind::kMemcpy,
+                                memcpy_activity_name(is_device_tensor(self), is_device_tensor(dst)),
+                                device);
   const DeviceAllocationScope scope(device);
   const_cast<at::Tensor&>(dst_host).copy_(src_host);
   return dst;
@@ -156,6 +160,8 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
   static OpCounter& counter = op_counter_named("aten::_local_scalar_dense");
   count(counter);
   HostAliasSet aliases;
+  const DeviceActivitySpan span(DeviceActivityKind::kMemcpy, memcpy_activity_name(true, false),
+                                self.device().index());
   return at::_local_scalar_dense(aliases.alias(self));
 }
 
@@ -200,6 +206,7 @@ at::Tensor histc(const at::Tensor& self, int64_t bins, const at::Scalar& min,
   at::Tensor host_self = aliases.alias(self);
   at::Tensor result;
   {
+    const DeviceActivitySpan span(DeviceActivityKind::kKernel, "aten::histc", device);
     const DeviceAllocationScope scope(device);
     result = at::histc(host_self, bins, min, max);
   }
