@@ -8,6 +8,7 @@ reports errors raised while receiving instead of dying. Every wait has a timeout
 from __future__ import annotations
 
 import gc
+import multiprocessing.queues
 import os
 import queue
 import tempfile
@@ -234,6 +235,22 @@ def test_pickling_errors_surface_in_the_sender() -> None:
     with pytest.raises(RuntimeError, match="non-leaf tensor which requires_grad"):
         process.start()
     assert process.pid is None
+
+
+def test_queues_that_handle_feeder_errors_still_get_them() -> None:
+    """concurrent.futures' queues fail the future from _on_queue_feeder_error: keep that."""
+    errors: queue.Queue[BaseException] = queue.Queue()
+
+    class HandlingQueue(multiprocessing.queues.Queue):
+        def _on_queue_feeder_error(self, error: BaseException, obj: object) -> None:
+            errors.put(error)
+
+    handling = HandlingQueue(ctx=mp.get_context("spawn"))
+    handling.put(torch.ones(2, device="neuron", requires_grad=True) * 2)
+    error = errors.get(timeout=TIMEOUT)
+    assert isinstance(error, RuntimeError) and "non-leaf" in str(error)
+    handling.close()
+    handling.join_thread()
 
 
 def test_foreign_descriptors_are_refused() -> None:

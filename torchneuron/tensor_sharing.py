@@ -20,7 +20,8 @@ after initialising the runtime, a non-leaf tensor that requires grad (as for CUD
 sender that exited before the receiver took the descriptor. ``Queue.put`` pickles on a
 background thread, where an exception would be printed and the item dropped, leaving the
 receiver waiting forever; for neuron tensors the error is printed in the sender *and* sent
-in the item's place, so the receiver's ``get()`` raises it.
+in the item's place, so the receiver's ``get()`` raises it (queues that handle such errors
+themselves, like ProcessPoolExecutor's, get the exception as before).
 
 The sharing strategy (``file_descriptor``/``file_system``) is for CPU tensors; neuron
 tensors always pass descriptors, as CUDA tensors always pass IPC handles.
@@ -28,6 +29,7 @@ tensors always pass descriptors, as CUDA tensors always pass IPC handles.
 
 from __future__ import annotations
 
+import multiprocessing.queues
 import os
 import sys
 import threading
@@ -157,16 +159,24 @@ def _raise_sending_error(message: str) -> NoReturn:
     raise RuntimeError(message)
 
 
-def _on_queue_feeder_thread() -> bool:
-    """multiprocessing.Queue pickles on this thread, where exceptions never reach put()."""
-    return threading.current_thread().name == "QueueFeederThread"
+def _on_plain_queue_feeder_thread() -> bool:
+    """True on the thread of a multiprocessing.Queue whose pickling errors only get printed.
+
+    Queues that handle those errors (concurrent.futures' ProcessPoolExecutor fails the
+    future) override ``_on_queue_feeder_error``; they get the exception as usual.
+    """
+    thread = threading.current_thread()
+    if thread.name != "QueueFeederThread":
+        return False
+    default_handler = multiprocessing.queues.Queue._on_queue_feeder_error
+    return any(arg is default_handler for arg in getattr(thread, "_args", ()))
 
 
 def _guarded(reduce: Callable[[Any], Reduction], obj: Any) -> Reduction:
     try:
         return reduce(obj)
     except Exception as error:
-        if not _on_queue_feeder_thread():
+        if not _on_plain_queue_feeder_thread():
             raise  # Pipe.send, SimpleQueue.put, Process(args=...): the caller gets it
         message = (
             f"the sending process could not share a neuron tensor: {type(error).__name__}: {error}"
