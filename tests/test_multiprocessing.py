@@ -22,7 +22,8 @@ import torch.multiprocessing as mp
 
 from torchneuron import _C, tensor_sharing
 
-TIMEOUT = 60
+TIMEOUT = 120  # for any one reply, including a child's start on a loaded machine
+IDLE_TIMEOUT = 600  # a worker whose parent vanished exits after this long
 MEMFD_NAME = "/memfd:torchneuron-shared:"
 
 
@@ -66,14 +67,24 @@ def _send_back(held: dict[str, Any], key: str) -> Any:
     return held[key]
 
 
-_COMMANDS = {f.__name__: f for f in (_describe, _hold, _add_, _drop, _memory_allocated, _send_back)}
+def _storage_ptrs(held: dict[str, Any], *keys: str) -> set[int]:
+    """The storages behind held tensors (and tensors in held dicts)."""
+    found = [held[k] for k in keys]
+    tensors = [t for v in found for t in (v.values() if isinstance(v, dict) else [v])]
+    return {t.untyped_storage().data_ptr() for t in tensors}
+
+
+_COMMANDS = {
+    f.__name__: f
+    for f in (_describe, _hold, _add_, _drop, _memory_allocated, _send_back, _storage_ptrs)
+}
 
 
 def _serve(requests: Any, replies: Any, initial: dict[str, Any]) -> None:
     held: dict[str, Any] = dict(initial)
     while True:
         try:
-            request = requests.get(timeout=TIMEOUT)
+            request = requests.get(timeout=IDLE_TIMEOUT)
         except queue.Empty:
             return
         except Exception as error:  # receiving failed: report it, stay in step
@@ -316,6 +327,7 @@ def test_views_of_one_storage_stay_one_storage(worker: Worker) -> None:
     views = {"row": base[3], "cols": base[1:, 1::2], "bcast": base[0, :1].expand(2, 4)}
     worker.ok("_hold", "views", views)
     worker.ok("_hold", "row", views["row"])  # a second message: the same storage again
+    assert len(worker.ok("_storage_ptrs", "views", "row")) == 1  # one storage in the child
     back = worker.ok("_send_back", "views")
     assert {v.untyped_storage().data_ptr() for v in back.values()} == {base.data_ptr()}
     assert {k: v.stride() for k, v in back.items()} == {k: v.stride() for k, v in views.items()}
