@@ -163,6 +163,16 @@ def memfd_inodes(pid: int) -> set[int]:
     return inodes
 
 
+def released(pid: int, inode: int) -> bool:
+    """Whether the process lets go of the memory file within a few seconds (the descriptor
+    a Queue hands over is closed by a helper thread once the receiver has taken it)."""
+    for _ in range(100):
+        if inode not in memfd_inodes(pid):
+            return True
+        time.sleep(0.05)
+    return False
+
+
 # ---- sharing in one process ----------------------------------------------------------
 
 
@@ -354,12 +364,7 @@ def test_memory_released_when_the_last_process_drops_it(worker: Worker) -> None:
     assert worker.ok("_memory_allocated", 0) == child_allocated + (1 << 20)
     del t
     gc.collect()
-    # The descriptor a Queue hands over is closed by a helper thread once the child has it.
-    for _ in range(100):
-        if inode not in memfd_inodes(me):
-            break
-        time.sleep(0.05)
-    assert inode not in memfd_inodes(me)
+    assert released(me, inode)
     assert worker.ok("_describe", "big")["values"][:2] == [3.0, 3.0]  # alive in the child
     worker.ok("_drop", "big")
     assert inode not in memfd_inodes(child)  # no process holds it: the kernel frees it
@@ -401,10 +406,17 @@ def test_receiver_maps_the_senders_core_or_says_it_cannot() -> None:
         assert worker.ok("_describe", "t")["device"] == "neuron:0"
         worker.ok("_add_", "t", 1.0)
         assert t.cpu().tolist() == [1.0, 1.0]
-        status, message = worker.call("_hold", "u", torch.zeros(2, device="neuron:0"))
+        u = torch.zeros(2, device="neuron:0")
+        before = memfd_inodes(os.getpid())
+        u.share_memory_()
+        (inode,) = memfd_inodes(os.getpid()) - before
+        status, message = worker.call("_hold", "u", u)
         assert status == "error"
         assert "lives on neuron:0 of the sending process" in message
         assert "NEURON_RT_VISIBLE_CORES='1'" in message
+        del u
+        gc.collect()
+        assert released(os.getpid(), inode)  # the refused descriptor did not stay behind
     finally:
         worker.stop()
 

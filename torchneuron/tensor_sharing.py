@@ -108,9 +108,9 @@ def _storage_handle(storage: torch.UntypedStorage) -> tuple[Any, int, DeviceIden
 def _rebuild_storage(
     descriptor: Any, nbytes: int, identity: DeviceIdentity
 ) -> torch.UntypedStorage:
-    device = _local_device(identity)
     if descriptor is None:
-        return torch.UntypedStorage(0, device=torch.device(_DEVICE_TYPE, device))
+        return torch.UntypedStorage(0, device=torch.device(_DEVICE_TYPE, _local_device(identity)))
+    # Taken first, whatever happens next: an untaken descriptor stays open in the sender.
     try:
         fd = descriptor.detach()
     except OSError as error:
@@ -120,6 +120,7 @@ def _rebuild_storage(
             "Keep the sender alive until every receiver has the tensor."
         ) from error
     try:
+        device = _local_device(identity)
         key = _cache_key(fd)
         cached = torch_reductions.storage_from_cache(torch.UntypedStorage, key)
         if cached is not None:
