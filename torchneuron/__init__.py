@@ -34,6 +34,9 @@ def _register() -> None:
     from . import distributed
 
     distributed.register()  # init_process_group("neuron")
+    from . import tensor_sharing
+
+    tensor_sharing.install()  # neuron tensors through torch.multiprocessing, share_memory_()
     _registered = True
 
 

@@ -127,6 +127,18 @@ class DeviceCache {
     return true;
   }
 
+  void count_external(size_t nbytes, bool mapped) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto update = mapped ? &stat_add : &stat_sub;
+    for (StatArray* count : {&stats_.allocation, &stats_.segment, &stats_.active}) {
+      update(*count, /*small=*/false, 1);
+    }
+    for (StatArray* bytes : {&stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
+                             &stats_.requested_bytes}) {
+      update(*bytes, /*small=*/false, nbytes);
+    }
+  }
+
   bool record_stream(void* ptr, c10::StreamId stream) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = allocated_.find(ptr);
@@ -459,6 +471,10 @@ c10::DeleterFnPtr CachingAllocator::raw_deleter() const { return &free_device_me
 
 void CachingAllocator::copy_data(void* dest, const void* src, std::size_t count) const {
   if (count > 0) std::memcpy(dest, src, count);
+}
+
+void CachingAllocator::count_external(c10::DeviceIndex device, size_t nbytes, bool mapped) {
+  cache_for(device).count_external(nbytes, mapped);
 }
 
 bool CachingAllocator::owns(const c10::DataPtr& data_ptr) {

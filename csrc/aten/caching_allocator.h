@@ -26,6 +26,11 @@ class CachingAllocator final : public c10::DeviceAllocator {
   void resetPeakStats(c10::DeviceIndex device) override;
   std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override;
 
+  // Counts memory this allocator does not manage (shared storages mapped by this process) in
+  // the device's stats as one allocation in its own segment, so memory_allocated() and
+  // memory_reserved() cover every neuron tensor of the process. `mapped` false uncounts it.
+  void count_external(c10::DeviceIndex device, size_t nbytes, bool mapped);
+
   // True when the memory behind data_ptr came from this allocator.
   static bool owns(const c10::DataPtr& data_ptr);
   // Frees ptr if it is a live block of this allocator; false otherwise.

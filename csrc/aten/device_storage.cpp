@@ -13,8 +13,8 @@ namespace torchneuron {
 
 void resize_device_storage(c10::StorageImpl* storage, size_t nbytes) {
   TORCH_CHECK(storage->resizable(),
-              "Trying to resize a neuron storage that is not resizable (it wraps memory it "
-              "does not own); clone the tensor first.");
+              "Trying to resize a neuron storage that is not resizable (it is in shared "
+              "memory, or wraps memory it does not own); clone the tensor first.");
   const c10::DeviceIndex device =
       storage->device().has_index() ? storage->device().index() : current_device();
   c10::DataPtr fresh = caching_allocator().allocate_on(device, nbytes);

@@ -12,10 +12,10 @@
 namespace torchneuron {
 namespace {
 
-c10::Storage make_storage(size_t nbytes, c10::DataPtr data, c10::Allocator* allocator) {
-  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(),
-                                                            nbytes, std::move(data), allocator,
-                                                            /*resizable=*/true));
+c10::Storage make_storage(size_t nbytes, c10::DataPtr data, c10::Allocator* allocator,
+                          bool resizable = true) {
+  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), nbytes, std::move(data), allocator, resizable));
 }
 
 at::Tensor tensor_on(c10::Storage storage, c10::DispatchKey key, const at::Tensor& like) {
@@ -62,13 +62,17 @@ at::Tensor HostAliasSet::alias(const at::Tensor& device_tensor) {
       c10::Storage storage = recycled.storage();
       storage.unsafeGetStorageImpl()->set_data_ptr_noswap(std::move(view));
       storage.unsafeGetStorageImpl()->set_nbytes(device_storage.nbytes());
+      storage.unsafeGetStorageImpl()->set_resizable(device_storage.resizable());
       storages_.emplace_back(device_storage, std::move(storage));
       retarget(recycled, storages_.back().second, device_tensor);
       created_.push_back(recycled);
       return recycled;
     }
-    storages_.emplace_back(device_storage, make_storage(device_storage.nbytes(), std::move(view),
-                                                        redirecting_cpu_allocator()));
+    // A storage that cannot grow (shared memory) gets an alias that cannot either: a kernel
+    // resizing it would otherwise hand the neuron storage private memory.
+    storages_.emplace_back(device_storage,
+                           make_storage(device_storage.nbytes(), std::move(view),
+                                        redirecting_cpu_allocator(), device_storage.resizable()));
     host = &storages_.back().second;
   }
   at::Tensor result = tensor_on(*host, c10::DispatchKey::CPU, device_tensor);

@@ -79,6 +79,9 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
   static OpCounter& counter = op_counter_named("aten::resize_");
   count(counter);
   auto* impl = self.unsafeGetTensorImpl();
+  // A failed resize (out of memory, a storage in shared memory) leaves the tensor as it was.
+  const c10::SmallVector<int64_t, 5> old_sizes(self.sizes().begin(), self.sizes().end());
+  const c10::SmallVector<int64_t, 5> old_strides(self.strides().begin(), self.strides().end());
   if (self.sizes() != size || memory_format.has_value()) {
     impl->set_sizes_contiguous(size);
     if (memory_format.has_value()) impl->empty_tensor_restride(*memory_format);
@@ -87,7 +90,14 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
       at::detail::computeStorageNbytes(self.sizes(), self.strides(), self.dtype().itemsize(),
                                        static_cast<size_t>(self.storage_offset()));
   c10::StorageImpl* storage = impl->storage().unsafeGetStorageImpl();
-  if (needed > storage->nbytes()) resize_device_storage(storage, needed);
+  if (needed > storage->nbytes()) {
+    try {
+      resize_device_storage(storage, needed);
+    } catch (...) {
+      impl->set_sizes_and_strides(old_sizes, old_strides);
+      throw;
+    }
+  }
   return self;
 }
 

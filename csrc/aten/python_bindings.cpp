@@ -15,6 +15,7 @@
 #include "generator.h"
 #include "op_tracking.h"
 #include "runtime_status.h"
+#include "shared_storage.h"
 
 namespace torchneuron {
 void register_hooks();
@@ -70,6 +71,7 @@ PYBIND11_MODULE(_C, m) {
   torchneuron::register_direct_host_kernels();
   torchneuron::register_compiled_graph_call(m);
   torchneuron::register_dist_backend(m);
+  torchneuron::register_shared_storage(m);
 
   m.def("_init", [] { NEURON_CHECK(nrt_init()); });
   m.def("_is_initialized", [] { return nrt_is_initialized() != 0; });

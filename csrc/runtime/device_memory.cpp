@@ -1,14 +1,19 @@
 #include "device_memory.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <utility>
 
 #include "bytes.h"
 #include "error.h"
 #include "host_budget.h"
 #include "runtime_state.h"
+#include "shared_file.h"
 
 namespace nrt {
 namespace {
@@ -40,8 +45,8 @@ DeviceArena::DeviceArena(std::string label, uint64_t capacity)
 
 DeviceArena::~DeviceArena() {
   for (const auto& entry : allocations_) {
-    os_free(entry.first, entry.second);
-    host_budget_release(entry.second);
+    unmap(const_cast<void*>(entry.first), entry.second);
+    host_budget_release(entry.second.nbytes);
   }
 }
 
@@ -50,9 +55,10 @@ std::string DeviceArena::describe_usage(uint64_t used) const {
          format_bytes(capacity_ - used) + " free";
 }
 
-nrt_status DeviceArena::allocate(size_t nbytes, void** out) {
+nrt_status DeviceArena::charge(size_t nbytes, const char* what) {
   const uint64_t size = nbytes;
-  const std::string request = label_ + " out of memory: tried to allocate " + format_bytes(size);
+  const std::string request =
+      label_ + " out of memory: tried to allocate " + format_bytes(size) + what;
   uint64_t used_now = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -62,12 +68,11 @@ nrt_status DeviceArena::allocate(size_t nbytes, void** out) {
     used_ += size;
     used_now = used_;
   }
-  auto undo = [&] {
-    std::lock_guard<std::mutex> lock(mutex_);
-    used_ -= size;
-  };
   if (!host_budget_try_reserve(size)) {
-    undo();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      used_ -= size;
+    }
     return fail(NRT_OUT_OF_MEMORY,
                 request + "; the host memory budget shared by all devices has " +
                     format_bytes(host_budget_used()) + " of " + format_bytes(host_budget_bytes()) +
@@ -75,22 +80,97 @@ nrt_status DeviceArena::allocate(size_t nbytes, void** out) {
                     "device); " +
                     label_ + " has " + describe_usage(used_now - size));
   }
+  return NRT_SUCCESS;
+}
+
+void DeviceArena::uncharge(size_t nbytes) {
+  host_budget_release(nbytes);
+  std::lock_guard<std::mutex> lock(mutex_);
+  used_ -= nbytes;
+}
+
+void DeviceArena::record(void* ptr, Allocation allocation) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  allocations_.emplace(ptr, allocation);
+}
+
+void DeviceArena::unmap(void* ptr, const Allocation& allocation) {
+  if (allocation.fd < 0) {
+    os_free(ptr, allocation.nbytes);
+    return;
+  }
+  munmap(ptr, allocation.nbytes);
+  close(allocation.fd);
+}
+
+nrt_status DeviceArena::allocate(size_t nbytes, void** out) {
+  if (nrt_status status = charge(nbytes, "")) return status;
   void* ptr = os_allocate(nbytes);
   if (ptr == nullptr) {
-    host_budget_release(size);
-    undo();
-    return fail(NRT_OUT_OF_MEMORY, request + "; the operating system refused the host memory");
+    uncharge(nbytes);
+    return fail(NRT_OUT_OF_MEMORY, label_ + " out of memory: tried to allocate " +
+                                       format_bytes(nbytes) +
+                                       "; the operating system refused the host memory");
   }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    allocations_.emplace(ptr, nbytes);
-  }
+  record(ptr, {nbytes, -1});
   *out = ptr;
   return NRT_SUCCESS;
 }
 
+nrt_status DeviceArena::allocate_shared(size_t nbytes, void** out, int* out_fd) {
+  if (nrt_status status = charge(nbytes, " of shared memory")) return status;
+  int fd = -1;
+  void* ptr = nullptr;
+  nrt_status status = shared_file_create("torchneuron-shared:" + label_, nbytes, &fd);
+  if (status == NRT_SUCCESS) {
+    status = shared_file_map(fd, nbytes, &ptr);
+    if (status != NRT_SUCCESS) close(fd);
+  }
+  if (status != NRT_SUCCESS) {
+    uncharge(nbytes);
+    return status;
+  }
+  record(ptr, {nbytes, fd});
+  *out = ptr;
+  *out_fd = fd;
+  return NRT_SUCCESS;
+}
+
+nrt_status DeviceArena::import_shared(int fd, size_t nbytes, void** out, int* out_fd) {
+  if (nrt_status status = shared_file_check(fd, nbytes)) return status;
+  if (nrt_status status = charge(nbytes, " to map shared memory")) return status;
+  const int own_fd = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  void* ptr = nullptr;
+  nrt_status status = NRT_SUCCESS;
+  if (own_fd < 0) {
+    status = fail(NRT_OUT_OF_MEMORY, std::string("duplicating a shared memory descriptor: ") +
+                                         std::strerror(errno) + " (raise `ulimit -n`)");
+  } else {
+    status = shared_file_map(own_fd, nbytes, &ptr);
+    if (status != NRT_SUCCESS) close(own_fd);
+  }
+  if (status != NRT_SUCCESS) {
+    uncharge(nbytes);
+    return status;
+  }
+  record(ptr, {nbytes, own_fd});
+  *out = ptr;
+  *out_fd = own_fd;
+  return NRT_SUCCESS;
+}
+
+nrt_status DeviceArena::shared_fd(const void* ptr, int* out_fd) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = allocations_.find(ptr);
+  if (it == allocations_.end() || it->second.fd < 0) {
+    return fail(NRT_INVALID_HANDLE, "pointer is not shared memory of " + label_);
+  }
+  *out_fd = it->second.fd;
+  return NRT_SUCCESS;
+}
+
 nrt_status DeviceArena::release(void* ptr) {
-  size_t nbytes = 0;
+  Allocation allocation{};
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = allocations_.find(ptr);
@@ -98,12 +178,11 @@ nrt_status DeviceArena::release(void* ptr) {
       return fail(NRT_INVALID_HANDLE,
                   "nrt_mem_free: pointer was not allocated on " + label_ + " (or already freed)");
     }
-    nbytes = it->second;
+    allocation = it->second;
     allocations_.erase(it);
-    used_ -= nbytes;
   }
-  os_free(ptr, nbytes);
-  host_budget_release(nbytes);
+  unmap(ptr, allocation);
+  uncharge(allocation.nbytes);
   return NRT_SUCCESS;
 }
 
@@ -136,4 +215,42 @@ extern "C" nrt_status nrt_mem_get_info(int device, uint64_t* used_bytes, uint64_
   if (used_bytes != nullptr) *used_bytes = dev->arena.used();
   if (capacity_bytes != nullptr) *capacity_bytes = dev->arena.capacity();
   return NRT_SUCCESS;
+}
+
+extern "C" nrt_status nrt_mem_alloc_shared(int device, size_t nbytes, void** out_ptr, int* out_fd) {
+  if (out_ptr == nullptr || out_fd == nullptr) {
+    return nrt::fail(NRT_INVALID_ARGUMENT, "nrt_mem_alloc_shared: out_ptr or out_fd is NULL");
+  }
+  *out_ptr = nullptr;
+  *out_fd = -1;
+  nrt::Device* dev = nullptr;
+  if (nrt_status status = nrt::lookup_device(device, &dev)) return status;
+  if (nbytes == 0) {
+    return nrt::fail(NRT_INVALID_ARGUMENT, "nrt_mem_alloc_shared: shared memory needs nbytes > 0");
+  }
+  return dev->arena.allocate_shared(nbytes, out_ptr, out_fd);
+}
+
+extern "C" nrt_status nrt_mem_import_shared(int device, int fd, size_t nbytes, void** out_ptr,
+                                            int* out_fd) {
+  if (out_ptr == nullptr || out_fd == nullptr) {
+    return nrt::fail(NRT_INVALID_ARGUMENT, "nrt_mem_import_shared: out_ptr or out_fd is NULL");
+  }
+  *out_ptr = nullptr;
+  *out_fd = -1;
+  nrt::Device* dev = nullptr;
+  if (nrt_status status = nrt::lookup_device(device, &dev)) return status;
+  if (nbytes == 0 || fd < 0) {
+    return nrt::fail(NRT_INVALID_ARGUMENT, "nrt_mem_import_shared: needs fd >= 0 and nbytes > 0");
+  }
+  return dev->arena.import_shared(fd, nbytes, out_ptr, out_fd);
+}
+
+extern "C" nrt_status nrt_mem_shared_fd(int device, const void* ptr, int* out_fd) {
+  if (out_fd == nullptr)
+    return nrt::fail(NRT_INVALID_ARGUMENT, "nrt_mem_shared_fd: out_fd is NULL");
+  *out_fd = -1;
+  nrt::Device* dev = nullptr;
+  if (nrt_status status = nrt::lookup_device(device, &dev)) return status;
+  return dev->arena.shared_fd(ptr, out_fd);
 }

@@ -75,6 +75,18 @@ nrt_status nrt_device_get_properties(int device, nrt_device_properties* properti
 // Device memory is host-addressable in the software runtime; alignment is 64 bytes at least.
 nrt_status nrt_mem_alloc(int device, size_t nbytes, void** out_ptr);
 nrt_status nrt_mem_free(int device, void* ptr);
+// Device memory other processes can map (the software runtime's IPC): a size-sealed memory
+// file mapped shared. *out_fd belongs to the runtime until nrt_mem_free(ptr); pass a
+// duplicate of it to another process (SCM_RIGHTS, spawn), which maps it with
+// nrt_mem_import_shared. The pages live until no process holds a descriptor or mapping.
+// Both calls charge the device and host budget of the calling process.
+nrt_status nrt_mem_alloc_shared(int device, size_t nbytes, void** out_ptr, int* out_fd);
+// Maps shared memory of exactly nbytes from fd (duplicated, not taken; *out_fd is the
+// runtime's own descriptor, valid until nrt_mem_free). NRT_INVALID_HANDLE if fd is not
+// neuron shared memory of that size.
+nrt_status nrt_mem_import_shared(int device, int fd, size_t nbytes, void** out_ptr, int* out_fd);
+// The descriptor of a shared allocation (owned by the runtime); NRT_INVALID_HANDLE otherwise.
+nrt_status nrt_mem_shared_fd(int device, const void* ptr, int* out_fd);
 // Bytes currently held from the device's arena and the device's capacity.
 nrt_status nrt_mem_get_info(int device, uint64_t* used_bytes, uint64_t* capacity_bytes);
 // Process-wide host budget shared by all devices, and what is used of it.
