@@ -1,7 +1,7 @@
 """AOTInductor on neuron: torch.export → aoti_compile_and_package → aoti_load_package.
 
 One small model (layer norm, linear, attention with a mask, a buffer, a view of an input,
-a fresh allocation) is exported on neuron with a dynamic sequence length and packaged once
+a fresh allocation, a size) is exported on neuron with a dynamic sequence length and packaged once
 per module (compiling C++ takes ~30 s of CPU). References: the same model run eagerly on
 CPU with the same weights. Tolerances: float32 within atol 1e-5 / rtol 1e-4 (the package's
 kernels may fuse and reorder float arithmetic).
@@ -26,12 +26,12 @@ class Block(torch.nn.Module):
 
     def forward(
         self, x: torch.Tensor, mask: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         b, t, _ = x.shape
         q, k, v = self.qkv(self.norm(x)).view(b, t, 3, 2, 8).permute(2, 0, 3, 1, 4)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         y = y.transpose(1, 2).reshape(b, t, 16) * self.scale
-        return y, x.transpose(1, 2), torch.arange(t, device=x.device) * 2
+        return y, x.transpose(1, 2), torch.arange(t, device=x.device) * 2, t * 3
 
 
 def _inputs(length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,12 +66,14 @@ def test_package_runs_on_neuron_like_cpu(package):
     for length in (8, 24):
         x, mask = _inputs(length)
         x_dev = x.to("neuron")
-        got = runner(x_dev, mask.to("neuron"))
+        *got, size = runner(x_dev, mask.to("neuron"))
         with torch.no_grad():
-            want = cpu(x, mask)
+            *want, want_size = cpu(x, mask)
         for g, w in zip(got, want, strict=True):
             assert g.device == torch.device("neuron:0")
             torch.testing.assert_close(g.cpu(), w, **TOL)
+        # A size comes back as a CPU scalar tensor, as AOTInductor returns it on the CPU.
+        assert size.device.type == "cpu" and size.item() == want_size
         # The view of an input stays a view of the neuron input.
         assert got[1].untyped_storage().data_ptr() == x_dev.untyped_storage().data_ptr()
     assert torch.neuron.get_executed_ops()["aoti::model_run"] == 2
@@ -99,13 +101,13 @@ def test_package_loads_and_runs_in_a_fresh_process(package, tmp_path):
     with torch.no_grad():
         want = cpu(x, mask)
     data = tmp_path / "io.pt"
-    torch.save({"x": x, "mask": mask, "want": list(want)}, data)
+    torch.save({"x": x, "mask": mask, "want": list(want[:3])}, data)
     result = run_python(
         f"""
         import torch
         io = torch.load({str(data)!r})
         runner = torch._inductor.aoti_load_package({path!r})
-        got = runner(io["x"].to("neuron"), io["mask"].to("neuron"))
+        got = runner(io["x"].to("neuron"), io["mask"].to("neuron"))[:3]
         for g, w in zip(got, io["want"], strict=True):
             assert g.device.type == "neuron", g.device
             torch.testing.assert_close(g.cpu(), w, atol=1e-5, rtol=1e-4)
@@ -115,6 +117,16 @@ def test_package_loads_and_runs_in_a_fresh_process(package, tmp_path):
     )
     assert result.returncode == 0 and result.stdout.strip() == "ok", describe(result)
     assert "outdated" not in result.stderr, describe(result)
+
+
+def test_program_returning_a_cpu_tensor_is_refused_before_compiling_cpp():
+    class ReturnsCpu(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return x * 2, x.sum().cpu()
+
+    program = torch.export.export(ReturnsCpu(), (torch.randn(3, device="neuron"),))
+    with pytest.raises(Exception, match="output 1 of the program is on cpu.*Return it on neuron"):
+        torch._inductor.aoti_compile_and_package(program)
 
 
 def test_jit_cpp_wrapper_is_refused_with_the_alternatives():

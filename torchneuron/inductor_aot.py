@@ -27,11 +27,18 @@ from typing import Any
 
 NEURON = "neuron"
 
+# C function every neuron package exports: one character per output, '1' where the output
+# is a host scalar (a size returned by the program, which AOTInductor returns as a CPU
+# tensor on every device), '0' where it is a tensor for the neuron device. The runner in
+# csrc/aten/aoti_runner.cpp reads it; keep the two in step.
+HOST_OUTPUTS_SYMBOL = "torchneuron_aoti_host_outputs"
+
 # The CppWrapperCpu methods overridden below and their parameters (self excluded).
 _OVERRIDDEN = {
     "get_c_shim_func_name": ("kernel", "device"),
     "add_device_include": ("device",),
     "generate": ("is_inference",),
+    "generate_end": ("result",),
 }
 
 
@@ -85,7 +92,12 @@ def build_cpp_wrapper_class() -> type:
         def add_device_include(self, device: str) -> None:
             super().add_device_include(_host_type(device))
 
+        def generate_end(self, result: Any) -> None:
+            super().generate_end(result)
+            _write_host_outputs_symbol(result)
+
         def generate(self, is_inference: bool) -> Any:
+            _check_outputs_on_device()
             result = super().generate(is_inference)
             _check_host_only(result)
             return result
@@ -116,6 +128,46 @@ def spell_neuron_as_cpu() -> None:
     from torch._inductor.codegen.cpp_utils import DEVICE_TO_ATEN
 
     DEVICE_TO_ATEN[NEURON] = DEVICE_TO_ATEN["cpu"]
+
+
+def _write_host_outputs_symbol(result: Any) -> None:
+    from torch._inductor import ir
+    from torch._inductor.virtualized import V
+
+    if not V.graph.aot_mode or V.graph.is_const_graph:
+        return
+    flags = "".join(
+        "1" if isinstance(output, ir.ShapeAsConstantBuffer) else "0"
+        for output in V.graph.graph_outputs
+    )
+    result.splice(
+        f'''
+        extern "C" AOTI_API const char* {HOST_OUTPUTS_SYMBOL}() {{
+          return "{flags}";
+        }}
+        '''
+    )
+
+
+def _check_outputs_on_device() -> None:
+    """The runner returns every output on the neuron device, so a program that returns a
+    CPU tensor is refused rather than silently changed."""
+    from torch._inductor import ir
+    from torch._inductor.virtualized import V
+
+    if V.graph.is_const_graph:
+        return
+    for index, output in enumerate(V.graph.graph_outputs):
+        if isinstance(output, ir.ShapeAsConstantBuffer):
+            continue  # a size: returned as a CPU scalar tensor, as on every device
+        get_device = getattr(output, "get_device", None)
+        device = get_device() if get_device is not None else None
+        if device is not None and device.type != NEURON:
+            raise NotImplementedError(
+                f"AOTInductor for neuron: output {index} of the program is on {device}; a "
+                "neuron package returns its outputs on the neuron device. Return it on "
+                "neuron and move it after the call."
+            )
 
 
 def _check_host_only(result: Any) -> None:
