@@ -179,5 +179,6 @@ def _check_host_only(result: Any) -> None:
             raise NotImplementedError(
                 f"AOTInductor for neuron: the generated C++ wrapper uses '{marker}', which "
                 "the neuron runner cannot serve (a construct this torch version emits "
-                "for the graph's device). Compile with backend='neuron' or report the model."
+                "for the graph's device). torch.compile (default or backend='neuron') runs "
+                "this program; please report it with the model."
             )
