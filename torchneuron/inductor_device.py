@@ -15,11 +15,14 @@ registration hook, so two of its functions are adjusted to count ``neuron`` as t
 API: the adjustments are made only when the functions look as expected, and otherwise the
 registration is skipped with a warning (``backend="neuron"`` does not depend on it).
 Inductor's other CPU-keyed heuristics (Welford layer norm, cat lowering, fusion thresholds)
-then take their GPU defaults on neuron: same results, possibly other speed. Not covered:
-``cpp_wrapper=True`` / AOTInductor.
+then take their GPU defaults on neuron: same results, possibly other speed. AOTInductor
+has its own C++ wrapper (inductor_aot.py); JIT ``cpp_wrapper=True`` is refused.
 
 Registration happens when Inductor's ``compile_fx`` module is first imported (an import
-hook), because importing Dynamo and Inductor at ``import torch`` would cost about a second.
+hook), because importing Dynamo and Inductor at ``import torch`` would cost about a second;
+the Dynamo device interface alone is registered as soon as ``torch._dynamo.device_interface``
+is imported, since loading an AOTInductor package asks for it without importing Inductor's
+compiler.
 """
 
 from __future__ import annotations
@@ -38,8 +41,8 @@ import torch
 
 log = logging.getLogger("torchneuron.inductor")
 
-_TRIGGER = "torch._inductor.compile_fx"
 _registered = False
+_interface_registered = False
 
 
 def _device_properties(device: Any = None) -> types.SimpleNamespace:
@@ -56,10 +59,8 @@ def _device_properties(device: Any = None) -> types.SimpleNamespace:
     )
 
 
-def _build_classes() -> tuple[type, type, type]:
+def _build_interface() -> type:
     from torch._dynamo.device_interface import DeviceInterface
-    from torch._inductor.codegen.common import DeviceOpOverrides
-    from torch._inductor.codegen.wrapper import PythonWrapperCodegen
 
     class NeuronDeviceInterface(DeviceInterface):
         device = torch.neuron.device
@@ -103,6 +104,13 @@ def _build_classes() -> tuple[type, type, type]:
         @staticmethod
         def is_triton_capable(device: Any = None) -> bool:
             return False
+
+    return NeuronDeviceInterface
+
+
+def _build_codegen_classes() -> tuple[type, type]:
+    from torch._inductor.codegen.common import DeviceOpOverrides
+    from torch._inductor.codegen.wrapper import PythonWrapperCodegen
 
     class NeuronDeviceOpOverrides(DeviceOpOverrides):
         def import_get_raw_stream_as(self, name: str) -> str:
@@ -158,7 +166,7 @@ def _build_classes() -> tuple[type, type, type]:
                 kernel_name, call_args, device=device, triton=triton, **kwargs
             )
 
-    return NeuronDeviceInterface, NeuronDeviceOpOverrides, NeuronWrapperCodegen
+    return NeuronDeviceOpOverrides, NeuronWrapperCodegen
 
 
 def _cpu_like_adjustments() -> list[tuple[Any, str, Any]]:
@@ -191,13 +199,30 @@ def _cpu_like_adjustments() -> list[tuple[Any, str, Any]]:
     ]
 
 
+def register_device_interface() -> bool:
+    """Registers neuron's Dynamo DeviceInterface (also what AOTInductor's package loader
+    asks for); False (with a warning) if Dynamo lacks the interface this expects."""
+    global _interface_registered
+    if _interface_registered:
+        return True
+    try:
+        from torch._dynamo.device_interface import register_interface_for_device
+
+        interface = _build_interface()
+    except (ImportError, AttributeError, TypeError) as error:
+        log.warning("torchneuron: no Dynamo device interface for neuron (%s)", error)
+        return False
+    register_interface_for_device("neuron", interface)
+    _interface_registered = True
+    return True
+
+
 def register() -> bool:
     """Registers neuron with Dynamo and Inductor; False (with a warning) if not possible."""
     global _registered
     if _registered:
         return True
     try:
-        from torch._dynamo.device_interface import register_interface_for_device
         from torch._inductor.codegen.common import (
             register_backend_for_device,
             register_device_op_overrides,
@@ -205,7 +230,7 @@ def register() -> bool:
         from torch._inductor.codegen.cpp import CppScheduling
         from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
 
-        interface, op_overrides, wrapper = _build_classes()
+        op_overrides, wrapper = _build_codegen_classes()
         adjustments = _cpu_like_adjustments()
     except (ImportError, AttributeError, RuntimeError, TypeError) as error:
         log.warning(
@@ -215,40 +240,83 @@ def register() -> bool:
             error,
         )
         return False
+    if not register_device_interface():
+        return False
     for owner, name, replacement in adjustments:
         setattr(owner, name, replacement)
     register_device_op_overrides("neuron", op_overrides())
-    register_interface_for_device("neuron", interface)
-    register_backend_for_device("neuron", CppScheduling, wrapper, CppWrapperCpu)
+    register_backend_for_device("neuron", CppScheduling, wrapper, _aot_wrapper(CppWrapperCpu))
     _registered = True
     return True
 
 
+def _aot_wrapper(fallback: type) -> type:
+    """The C++ wrapper for AOTInductor on neuron, or `fallback` (with a warning) if this
+    Inductor lacks what it builds on; the default torch.compile does not depend on it."""
+    from . import inductor_aot
+
+    try:
+        cpp_wrapper = inductor_aot.build_cpp_wrapper_class()
+        owner, name, replacement = inductor_aot.host_header_adjustment()
+    except (ImportError, AttributeError, RuntimeError, TypeError) as error:
+        log.warning(
+            "torchneuron: AOTInductor for neuron is unavailable with Inductor %s (%s)",
+            torch.__version__,
+            error,
+        )
+        return fallback
+    setattr(owner, name, replacement)
+    inductor_aot.spell_neuron_as_cpu()
+    return cpp_wrapper
+
+
+# Module whose first import runs the registration, and which registration.
+_TRIGGERS = {
+    "torch._dynamo.device_interface": register_device_interface,
+    "torch._inductor.compile_fx": register,
+}
+
+
 class _RegisterAfterImport(importlib.abc.MetaPathFinder):
-    """Runs register() right after Inductor's compile_fx module has been executed."""
+    """Runs a trigger's registration right after the trigger module has been executed."""
+
+    def __init__(self) -> None:
+        self.pending = {name for name in _TRIGGERS if name not in sys.modules}
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != _TRIGGER:
+        if name not in self.pending:
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
+        self.pending.discard(name)
+        if not self.pending:
+            sys.meta_path.remove(self)
+        spec = None
+        for finder in sys.meta_path:
+            if finder is not self and hasattr(finder, "find_spec"):
+                spec = finder.find_spec(name, path, target)
+                if spec is not None:
+                    break
         if spec is None or spec.loader is None:
             return spec
         execute = spec.loader.exec_module
+        action = _TRIGGERS[name]
 
         def exec_module(module: types.ModuleType) -> None:
             execute(module)
-            register()
+            action()
 
         spec.loader.exec_module = exec_module  # type: ignore[method-assign]
         return spec
 
 
 def install() -> None:
-    """Registers now if Inductor is already loaded, else when it is first imported."""
+    """Registers now what is already loaded, the rest when its module is first imported."""
     if os.environ.get("TORCHNEURON_INDUCTOR_DEVICE", "1") == "0":
         return
-    if _TRIGGER in sys.modules:
-        register()
-    elif not any(isinstance(f, _RegisterAfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _RegisterAfterImport())
+    for name, action in _TRIGGERS.items():
+        if name in sys.modules:
+            action()
+    if any(isinstance(f, _RegisterAfterImport) for f in sys.meta_path):
+        return
+    finder = _RegisterAfterImport()
+    if finder.pending:
+        sys.meta_path.insert(0, finder)

@@ -5,32 +5,21 @@
 #include <ATen/ATen.h>
 #include <ATen/native/DispatchStub.h>
 #include <ATen/native/transformers/attention.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <ATen/ops/_fused_sdp_choice_native.h>
 
 namespace torchneuron {
 namespace {
 
-// A CPU tensor with the geometry, dtype and requires_grad of `t`, for the CPU's choice
-// logic, which reads metadata only. It must not alias `t`: under torch.compile `t` is a
-// fake tensor without memory.
-at::Tensor stand_in(const at::Tensor& t) {
-  alignas(64) static char no_data[64];
-  at::Tensor result =
-      at::from_blob(no_data, t.sizes(), t.strides(), at::TensorOptions().dtype(t.scalar_type()));
-  if (t.requires_grad()) result.set_requires_grad(true);
-  return result;
-}
-
+// The CPU's own choice function, called on the neuron tensors themselves. It reads only
+// metadata (dtype, nesting, strides, symbolic sizes through sym_size), so it also works on
+// fake tensors under torch.compile, and a symbolic sequence length stays symbolic: one
+// dynamic graph serves every length, as on the CPU. Concrete sizes (sizes()) would
+// specialise the graph to the traced length.
 int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                          const std::optional<at::Tensor>& attn_mask, double dropout_p,
                          bool is_causal, std::optional<double> scale, bool enable_gqa) {
-  std::optional<at::Tensor> mask;
-  if (attn_mask.has_value() && attn_mask->defined()) mask = stand_in(*attn_mask);
-  // Fake-tensor and other Python modes must not see this internal CPU call.
-  const c10::impl::ExcludeDispatchKeyGuard no_python(
-      c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}));
-  return at::_fused_sdp_choice(stand_in(query), stand_in(key), stand_in(value), mask, dropout_p,
-                               is_causal, scale, enable_gqa);
+  return at::native::_fused_sdp_choice_cpp(query, key, value, attn_mask, dropout_p, is_causal,
+                                           scale, enable_gqa);
 }
 
 }  // namespace
