@@ -141,7 +141,8 @@ def main() -> None:
     except BaseException:  # noqa: BLE001 - reported to the test, which fails
         report["error"] = traceback.format_exc()
     _write(rank, report)
-    os._exit(0)  # the link is down: an orderly teardown would wait for the other host
+    # No orderly teardown: with the link down it would wait for the other host.
+    os._exit(1 if "error" in report else 0)
 
 
 if __name__ == "__main__":

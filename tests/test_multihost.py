@@ -149,12 +149,14 @@ def _failure(out: Path, logs: list[Path], what: str) -> str:
     return f"{what}\n{errors}\n{tails}"
 
 
-def _wait(condition: Any, deadline: float, nodes: list[subprocess.Popen]) -> bool:
+def _wait(condition: Any, deadline: float, nodes: list[subprocess.Popen], out: Path) -> bool:
+    """Polls `condition` until the deadline; gives up early once a rank or a node failed."""
     while time.monotonic() < deadline:
         if condition():
             return True
-        if any(node.poll() not in (None, 0) for node in nodes):
-            return condition()
+        failed = any("error" in r for r in _reports(out).values())
+        if failed or any(node.poll() not in (None, 0) for node in nodes):
+            return False
         time.sleep(0.2)
     return condition()
 
@@ -188,7 +190,7 @@ def two_host_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
         def looping() -> bool:
             return len(list(out.glob("ready*"))) == 4
 
-        if not _wait(looping, time.monotonic() + START_DEADLINE_S, nodes):
+        if not _wait(looping, time.monotonic() + START_DEADLINE_S, nodes, out):
             pytest.fail(_failure(out, logs, "the ranks did not all reach the link-down loop"))
         time.sleep(1.0)  # let the ranks be inside a collective, a few rounds in
         link_down_at = time.time()
@@ -198,7 +200,7 @@ def two_host_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
             return len(_reports(out)) == 4
 
         deadline = time.monotonic() + LINK_TIMEOUT_S + 60
-        if not _wait(reported, deadline, nodes):
+        if not _wait(reported, deadline, nodes, out):
             pytest.fail(_failure(out, logs, "not every rank reported after the link went down"))
         reports = _reports(out)
         if any("error" in r for r in reports.values()):

@@ -366,12 +366,10 @@ class NeuronBackend final : public c10d::Backend {
     } catch (const c10::Error&) {
       throw;
     } catch (const std::exception& e) {
-      // Gloo's timeout does not say whom it waited for; the peers across the network are
-      // the usual suspects when ranks span hosts.
+      // Gloo's timeout does not say whom it waited for: name the peers across the network.
       std::string peers;
       if (!remote_peers_.empty()) {
-        peers = " (peers on other hosts: " + remote_peers_ +
-                "; one of them stalled or exited, or the network to it failed)";
+        peers = " (peers on other hosts, reached over the network: " + remote_peers_ + ")";
       }
       C10_THROW_ERROR(DistBackendError,
                       std::string("neuron backend (Gloo transport): ") + e.what() + peers);
