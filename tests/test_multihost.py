@@ -8,7 +8,8 @@ resolved through /etc/netns/<ns>/hosts as DNS would on a cluster. Both share thi
 node0's address. The ranks (tests/multihost_rank.py) write what they saw to JSON; the tests
 below compare it with closed forms, a one-device reference, and the time the link went down.
 
-The job runs once per module (about 30-60 s on a loaded two-core machine). It is skipped, with
+The job runs once per module (about 30-60 s on a loaded two-core machine; the /dev/shm case
+below takes ~12 s). It is skipped, with
 the reason, where namespaces cannot be made (not root, no CAP_NET_ADMIN/CAP_SYS_ADMIN, no
 `ip` or `unshare`). Namespaces, links and /etc/netns entries are removed whatever happens.
 """
@@ -256,3 +257,59 @@ def test_link_down_is_reported_within_the_group_timeout_naming_the_peers(two_hos
         assert 0 < waited < LINK_TIMEOUT_S + SLACK_S, f"rank {rank} raised {waited:.1f} s after"
         assert f"{LINK_TIMEOUT_S * 1000}ms" in message, message  # the group's timeout fired
         assert peers[report["host"]] in message, message
+
+
+PRIVATE_SHM_RANK = """
+import datetime, torch, torch.distributed as dist
+from torchneuron.distributed import transport
+dist.init_process_group("neuron", timeout=datetime.timedelta(seconds=20))
+t = torch.full((4,), float(dist.get_rank() + 1), device="neuron")
+dist.all_reduce(t)
+print("transport", transport(), t.cpu().tolist(), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_a_rank_with_its_own_dev_shm_counts_as_another_host():
+    """Two ranks with one host name and boot id but different /dev/shm mounts (containers
+    sharing the host's network and UTS namespaces, not its IPC/shm: docker --network=host
+    without --ipc=host) cannot meet in shared memory: they must choose Gloo and work
+    (regression: they chose shared memory, and rank 1 could not open rank 0's segment)."""
+    reason = _unavailable()
+    if reason:
+        pytest.skip(reason)
+    private_shm = 'mount -t tmpfs -o mode=1777 tmpfs /dev/shm && exec "$@"'
+    probe = subprocess.run(
+        ["unshare", "--mount", "sh", "-c", private_shm, "sh", "true"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if probe.returncode != 0:
+        pytest.skip(f"cannot mount a private /dev/shm: {probe.stderr.strip()}")
+    from test_distributed import _free_port
+
+    port = str(_free_port())
+    ranks = []
+    for rank in range(2):
+        env = clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE="2")
+        env.update(RANK=str(rank), LOCAL_RANK=str(rank))
+        env.pop("TORCHNEURON_DIST_TRANSPORT", None)
+        argv = [sys.executable, "-c", PRIVATE_SHM_RANK]
+        if rank == 1:
+            argv = ["unshare", "--mount", "sh", "-c", private_shm, "sh", *argv]
+        ranks.append(
+            subprocess.Popen(
+                argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
+    outputs = []
+    for process in ranks:
+        try:
+            out, err = process.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            out, err = process.communicate()
+        outputs.append((process.returncode, out, err[-3000:]))
+    for code, out, err in outputs:
+        assert code == 0 and "transport gloo [3.0, 3.0, 3.0, 3.0]" in out, (code, out, err)

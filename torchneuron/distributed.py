@@ -53,16 +53,24 @@ def _bind_device() -> None:
 
 
 def _host_identity() -> str:
+    """Ranks with equal identities can meet in shared memory: one host name, one boot (two
+    hosts may share a name), one user, and one /dev/shm mount (containers on one host that
+    share its network and host name may still have /dev/shm mounts of their own)."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
     except OSError:
         boot = ""
-    return f"{socket.gethostname()}|{boot}|{os.geteuid()}"
+    try:
+        shm = os.stat("/dev/shm")
+        shm_mount = f"{shm.st_dev}:{shm.st_ino}"
+    except OSError:
+        shm_mount = ""
+    return f"{socket.gethostname()}|{boot}|{os.geteuid()}|{shm_mount}"
 
 
 def _exchange_identities(store: Any, rank: int, size: int) -> tuple[str, dict[int, str]]:
-    """This rank's "host|boot id|uid|TORCHNEURON_DIST_TRANSPORT" and every rank's, by group rank."""
+    """This rank's "host|boot id|uid|/dev/shm|TORCHNEURON_DIST_TRANSPORT" and every rank's."""
     choice = os.environ.get("TORCHNEURON_DIST_TRANSPORT", "auto")
     if choice not in ("auto", "shm", "gloo"):
         raise ValueError(f"TORCHNEURON_DIST_TRANSPORT={choice!r}: use auto, shm or gloo")
@@ -84,7 +92,8 @@ def _transport(me: str, identities: dict[int, str]) -> str:
     if choice == "shm" and not local:
         remote = [r for r, v in identities.items() if v != me]
         raise RuntimeError(
-            f"TORCHNEURON_DIST_TRANSPORT=shm, but ranks {remote} run on another host; "
+            f"TORCHNEURON_DIST_TRANSPORT=shm, but ranks {remote} run on another host (or "
+            "under another user or /dev/shm mount); "
             "unset it to let ranks on several hosts use Gloo"
         )
     return "shm" if local and choice != "gloo" else "gloo"
