@@ -11,6 +11,10 @@ if [ ! -f /usr/include/gtest/gtest.h ]; then
   say "installing GoogleTest (Debian package libgtest-dev)"
   if [ "$(id -u)" = 0 ]; then apt-get install -y -q libgtest-dev >/dev/null; else sudo apt-get install -y -q libgtest-dev >/dev/null; fi
 fi
+if ! command -v ip >/dev/null 2>&1; then
+  say "installing iproute2 (tests/test_multihost.py builds two hosts from network namespaces)"
+  if [ "$(id -u)" = 0 ]; then apt-get install -y -q iproute2 >/dev/null; else sudo apt-get install -y -q iproute2 >/dev/null; fi
+fi
 say "runtime C++ tests"
 launcher=()
 command -v ccache >/dev/null 2>&1 && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)

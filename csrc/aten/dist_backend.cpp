@@ -86,10 +86,14 @@ c10::intrusive_ptr<c10d::Work> completed(std::vector<at::Tensor> outputs) {
 class NeuronBackend final : public c10d::Backend {
  public:
   // `inner` (Gloo) carries point-to-point traffic, and every collective when `use_shm` is
-  // false (ranks on several hosts, or TORCHNEURON_DIST_TRANSPORT=gloo).
+  // false (ranks on several hosts, or TORCHNEURON_DIST_TRANSPORT=gloo). `remote_peers` names
+  // the ranks on other hosts ("ranks 2, 3 on host b"; empty on one host) for Gloo's errors.
   NeuronBackend(const std::string& name, int rank, int size, std::chrono::milliseconds timeout,
-                c10::intrusive_ptr<c10d::Backend> inner, bool use_shm)
-      : c10d::Backend(rank, size), timeout_(timeout), inner_(std::move(inner)) {
+                c10::intrusive_ptr<c10d::Backend> inner, bool use_shm, std::string remote_peers)
+      : c10d::Backend(rank, size),
+        timeout_(timeout),
+        inner_(std::move(inner)),
+        remote_peers_(std::move(remote_peers)) {
     if (use_shm) {
       nrt::dist::GroupOptions options;
       options.name = name;
@@ -362,8 +366,13 @@ class NeuronBackend final : public c10d::Backend {
     } catch (const c10::Error&) {
       throw;
     } catch (const std::exception& e) {
+      // Gloo's timeout does not say whom it waited for: name the peers across the network.
+      std::string peers;
+      if (!remote_peers_.empty()) {
+        peers = " (peers on other hosts, reached over the network: " + remote_peers_ + ")";
+      }
       C10_THROW_ERROR(DistBackendError,
-                      std::string("neuron backend (Gloo transport): ") + e.what());
+                      std::string("neuron backend (Gloo transport): ") + e.what() + peers);
     }
   }
 
@@ -564,6 +573,7 @@ class NeuronBackend final : public c10d::Backend {
   std::chrono::milliseconds timeout_;
   std::chrono::milliseconds call_timeout_ = c10d::kUnsetTimeout;
   c10::intrusive_ptr<c10d::Backend> inner_;
+  std::string remote_peers_;
   std::unique_ptr<nrt::dist::ShmGroup> group_;  // null: every collective goes through inner_
 };
 
@@ -573,13 +583,14 @@ void register_dist_backend(py::module_& m) {
   m.def(
       "_dist_create_backend",
       [](const std::string& name, int rank, int size, std::chrono::milliseconds timeout,
-         c10::intrusive_ptr<c10d::Backend> inner,
-         bool use_shm) -> c10::intrusive_ptr<c10d::Backend> {
+         c10::intrusive_ptr<c10d::Backend> inner, bool use_shm,
+         std::string remote_peers) -> c10::intrusive_ptr<c10d::Backend> {
         return c10::make_intrusive<NeuronBackend>(name, rank, size, timeout, std::move(inner),
-                                                  use_shm);
+                                                  use_shm, std::move(remote_peers));
       },
       py::arg("name"), py::arg("rank"), py::arg("size"), py::arg("timeout"), py::arg("inner"),
-      py::arg("use_shm"), py::call_guard<py::gil_scoped_release>());
+      py::arg("use_shm"), py::arg("remote_peers") = std::string(),
+      py::call_guard<py::gil_scoped_release>());
 }
 
 }  // namespace torchneuron

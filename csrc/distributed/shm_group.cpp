@@ -120,7 +120,12 @@ ShmGroup::ShmGroup(const GroupOptions& options)
   const uint64_t pid_namespace = pid_namespace_id();
   header()->ranks[rank_].pid_namespace.store(pid_namespace, std::memory_order_relaxed);
   header()->ranks[rank_].pid.store(static_cast<int32_t>(getpid()), std::memory_order_release);
-  arrive_and_wait("group set-up");
+  try {
+    arrive_and_wait("group set-up");
+  } catch (...) {
+    segment_.unlink();  // no destructor runs for a throwing constructor: nothing left behind
+    throw;
+  }
   // Everyone is attached: drop the name, so nothing is left behind when processes exit.
   segment_.unlink();
   for (int r = 0; r < size_; ++r) {

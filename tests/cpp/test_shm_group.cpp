@@ -218,6 +218,15 @@ TEST(ShmGroup, SegmentIsRemovedOnceAllRanksAttach) {
   EXPECT_EQ(codes, std::vector<int>({0, 0}));
 }
 
+// Set-up that fails (a rank never attaches) leaves no segment behind either.
+TEST(ShmGroup, SegmentIsRemovedWhenSetUpTimesOut) {
+  const std::string name = unique_name("setup-timeout");
+  GroupOptions o = options(name, 0, 2);
+  o.timeout = std::chrono::milliseconds(300);
+  EXPECT_THROW(ShmGroup group(o), std::runtime_error);
+  EXPECT_NE(access(("/dev/shm" + name).c_str(), F_OK), 0) << "left behind: " << name;
+}
+
 TEST(ShmGroup, RejectsBadOptions) {
   EXPECT_THROW(ShmGroup(options("/tn-bad", 2, 2)), std::invalid_argument);
   EXPECT_THROW(ShmGroup(options("/tn-bad", 0, 0)), std::invalid_argument);
