@@ -177,4 +177,7 @@ def test_policy_table_matches_cuda():
     neuron = _ops_with_kernel("AutocastPrivateUse1")
     assert len(cuda) > 100, "the CUDA autocast table is not registered in this torch build"
     assert cuda - neuron == CUDA_ONLY
-    assert neuron - cuda == set()
+    # The CPU's LSTM kernel, which neuron's recurrent layers share with the CPU: lower
+    # precision, as CPU autocast has it (CUDA lists its own RNN kernel, _cudnn_rnn, instead).
+    assert neuron - cuda == {"aten::mkldnn_rnn_layer"}
+    assert "aten::mkldnn_rnn_layer" in _ops_with_kernel("AutocastCPU")
