@@ -196,8 +196,12 @@ void register_direct_host_kernels() {
   // An op with both a CPU kernel and a generic (composite) one reaches a backend without its
   // own kernel through the generic one. For structured ops (add, mul, ...) that kernel runs
   // shape inference, allocates and calls the out= variant, whose host kernel runs shape
-  // inference again; for others (native_layer_norm, ...) it is a decomposition with other
-  // numerics than the CPU's. Sending them straight to their CPU kernels avoids both.
+  // inference again; for others (native_layer_norm, mish_backward, ...) it is a
+  // decomposition with other numerics than the CPU's. Sending them straight to their CPU
+  // kernels avoids both. For a CompositeImplicitAutograd op a direct kernel also means its
+  // autograd is the CPU's (its Autograd kernel instead of the decomposition's graph).
+  // native_channel_shuffle keeps its decomposition: it only permutes values (the same
+  // either way), and its Autograd kernel raises "derivative not implemented".
   static std::unique_ptr<torch::Library> library = [] {
     auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
                                                 c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
@@ -210,9 +214,11 @@ void register_direct_host_kernels() {
         continue;
       }
       if (!op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) &&
-          !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd)) {
+          !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) &&
+          !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) {
         continue;  // the fallback reaches it anyway
       }
+      if (name.name == "aten::native_channel_shuffle") continue;
       std::string qualified = name.name.substr(6);
       if (!name.overload_name.empty()) qualified += "." + name.overload_name;
       lib->impl(qualified.c_str(),
