@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "allocation_redirect.h"
+#include "bulk_registration.h"
 #include "device_placement.h"
 #include "device_state.h"
 #include "host_alias.h"
@@ -149,26 +150,12 @@ void register_nested_host_kernels() {
   // Ops with a nested kernel for the CPU that are also CompositeImplicitAutograd (linear,
   // matmul, narrow, chunk) would reach nested neuron tensors through the decomposition,
   // which does not handle nested tensors; they go to the CPU's nested kernels instead.
-  static std::unique_ptr<torch::Library> library = [] {
-    auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
-                                                c10::DispatchKey::NestedTensorPrivateUse1, __FILE__,
-                                                __LINE__);
-    auto& dispatcher = c10::Dispatcher::singleton();
-    for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
-      if (name.name.rfind("aten::", 0) != 0) continue;
-      auto op = dispatcher.findOp(name);
-      if (!op.has_value() || !op->hasKernelForDispatchKey(c10::DispatchKey::NestedTensorCPU) ||
-          !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) ||
-          op->hasKernelForDispatchKey(c10::DispatchKey::NestedTensorPrivateUse1)) {
-        continue;
-      }
-      std::string qualified = name.name.substr(6);
-      if (!name.overload_name.empty()) qualified += "." + name.overload_name;
-      lib->impl(qualified.c_str(),
-                torch::CppFunction::makeFromBoxedFunction<&run_nested_on_host_kernels>());
-    }
-    return lib;
-  }();
+  static const std::unique_ptr<torch::Library> library =
+      register_for_aten_ops<&run_nested_on_host_kernels>(
+          c10::DispatchKey::NestedTensorPrivateUse1, [](const c10::OperatorHandle& op) {
+            return op.hasKernelForDispatchKey(c10::DispatchKey::NestedTensorCPU) &&
+                   op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+          });
   (void)library;
 }
 
