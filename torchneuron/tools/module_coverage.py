@@ -47,6 +47,7 @@ import torch
 from torchneuron.tools import report_sections as sections
 from torchneuron.tools import sweep
 from torchneuron.tools.conformance import (
+    EXACT,
     METADATA,
     PASS,
     SEED,
@@ -65,6 +66,7 @@ from torchneuron.tools.conformance import (
     describe_call,
     differentiable,
     first_line,
+    flatten,
     load_database,
     loosest,
     run_classified,
@@ -93,6 +95,30 @@ RANDOM_BY_NATURE = ("nn.FractionalMaxPool2d", "nn.FractionalMaxPool3d")
 # Causes of the non-passes the full sweep finds, each reproduced by hand: (module regex,
 # reason regex, cause). Entries for fixed bugs stay, so that a regression is named.
 KNOWN_CAUSES: list[sections.Cause] = [
+    (
+        r"nn\.Mish",
+        r"not close",
+        "backend bug (composite instead of CPU kernel; fixed in 74584a8): mish_backward "
+        "has a CPU kernel and a CompositeImplicitAutograd decomposition; neuron used the "
+        "decomposition, whose bfloat16 rounding differs from the CPU kernel's",
+    ),
+    (
+        r"nn\.Transformer(Encoder)?",
+        r"NestedTensorneuron",
+        "backend gap (nested tensors; fixed in 49a1485): in eval mode under no_grad with "
+        "a src_key_padding_mask, TransformerEncoder converts the batch to a nested tensor on "
+        "every device PyTorch lists for its fast path (privateuse1 included), and neuron had "
+        "no nested-tensor kernels (_transformer_encoder_layer_fwd, to_padded_tensor)",
+    ),
+    (
+        r"nn\.RNN",
+        r"^grad\['weight_ih_l\d+(_reverse)?'\]: .*not close",
+        "PyTorch policy, not a backend bug: RNN layers pre-compute the input projections of "
+        "the whole sequence in one matmul only when inputs.device().is_cpu() (FullLayer in "
+        "aten/src/ATen/native/RNN.cpp); on other devices each time step has its own addmm, so "
+        "weight_ih's gradient is summed in another order: float32 within tolerance, bfloat16 "
+        "off by a few units in the last place in a few elements (forward bitwise equal)",
+    ),
     (
         r"nn\.(RNN|GRU|LSTM)(Cell)?",
         r"_thnn_fused_(gru|lstm)_cell|_thnn_fused|rnn",
@@ -279,20 +305,41 @@ def _run_forward(
     expected, actual = _run_cpu_then_neuron(pair, no_grad, phase)
     phase("compare")
     try:
-        levels = [compare_levels(actual, expected, override, False)]
+        compare(actual, expected, METADATA, "output")  # the same structure, then the values
+        parts = [("output", actual, expected)]
         for what, named in (("buffers", "named_buffers"), ("parameters", "named_parameters")):
             cpu_state = dict(getattr(pair.cpu, named)())
             neuron_state = dict(getattr(pair.neuron, named)())
-            levels.append(compare_levels(neuron_state, cpu_state, override, False, what))
-        levels.append(
-            compare_levels(pair.neuron_inputs(), pair.cpu_inputs(), override, False, "inputs")
-        )
-        return loosest(*levels)
+            parts.append((what, neuron_state, cpu_state))
+        parts.append(("inputs", pair.neuron_inputs(), pair.cpu_inputs()))
+        return loosest(*(_compare_parts(*part, override) for part in parts))
     except Mismatch:
         if not _cpu_unreproducible(pair, no_grad, expected):
             raise
         compare(actual, expected, METADATA, "output")
         return UNREPRODUCIBLE
+
+
+def _compare_parts(what: str, actual: Any, expected: Any, override: Override) -> str:
+    """compare_levels for each part of `expected` (the leaves of an output, the entries of
+    a dict of buffers or gradients), so that a mismatch names the part: ``output[1]: ``,
+    ``buffers['running_mean']: ``, ``grad['weight']: ``."""
+    if isinstance(expected, dict):
+        if set(actual) != set(expected):
+            raise Mismatch(f"{what}: {sorted(actual)} on neuron, {sorted(expected)} on cpu")
+        named = [(f"{what}[{k!r}]", actual[k], expected[k]) for k in expected]
+    else:
+        leaves = flatten(expected)
+        paths = [what] if len(leaves) == 1 else [f"{what}[{i}]" for i in range(len(leaves))]
+        named = list(zip(paths, flatten(actual), leaves, strict=True))
+    levels = [EXACT]
+    for path, a, e in named:
+        try:
+            levels.append(compare_levels(a, e, override, False, path))
+        except Mismatch as error:
+            text = str(error)
+            raise Mismatch(text if text.startswith(path) else f"{path}: {text}") from None
+    return loosest(*levels)
 
 
 def _cpu_unreproducible(pair: _Pair, no_grad: bool, expected: Any) -> bool:
@@ -351,12 +398,11 @@ def _run_backward(pair: _Pair, override: Override, phase: Callable[[str], None])
     except Exception as error:
         raise NeuronError(first_line(error)) from error
     phase("compare")
-    return compare_levels(
+    return _compare_parts(
+        "grad",
         dict(zip(neuron_targets, actual, strict=True)),
         dict(zip(cpu_targets, expected, strict=True)),
         override,
-        False,
-        "grad",
     )
 
 
