@@ -284,13 +284,20 @@ def _call(module: torch.nn.Module, args: Any, kwargs: Any, no_grad: bool, seed: 
 def _run_cpu_then_neuron(
     pair: _Pair, no_grad: bool, phase: Callable[[str], None]
 ) -> tuple[Any, Any]:
+    """The forward's results on the CPU and on neuron. The copy to neuron is made first: the
+    CPU forward may write to its inputs."""
+    phase("neuron")
+    try:
+        pair.to_neuron()
+    except Exception as error:
+        raise NeuronError("copy to neuron: " + first_line(error)) from error
+    phase("cpu")
     try:
         expected = pair.forward(on_neuron=False, no_grad=no_grad)
     except Exception as error:
         raise CpuError(first_line(error)) from error
     phase("neuron")
     try:
-        pair.to_neuron()
         actual = pair.forward(on_neuron=True, no_grad=no_grad)
     except Exception as error:
         raise NeuronError(first_line(error)) from error
