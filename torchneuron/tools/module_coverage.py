@@ -14,8 +14,8 @@ Each sample is checked in five modes:
 * ``train backward`` / ``eval backward``: ``torch.autograd.grad`` of the differentiable
   outputs with a fixed random cotangent, with respect to the inputs that require grad and
   the module's parameters, must match;
-* ``eval no_grad``: the forward under ``torch.no_grad()`` (inference; the transformer and
-  attention modules take their fused fast paths there) must match.
+* ``eval no_grad``: the forward under ``torch.no_grad()`` (inference; where PyTorch's
+  transformer modules take their fused fast paths) must match.
 
 Tolerances, outcomes (``pass``, ``fail``, ``error``, ``cpu-error``, ``no-grad``), the worker
 processes and the report sections are the OpInfo harness's (conformance.py, sweep.py,

@@ -80,8 +80,10 @@ def _method() -> list[str]:
         "`num_batches_tracked`), the parameters after the call (a lazy module's initialisation) "
         "and the inputs after the call.",
         "- `eval no_grad`: the eval forward under `torch.no_grad()`; the outputs are compared "
-        "(this is where `nn.MultiheadAttention` and the transformer layers take their fused "
-        "inference fast paths).",
+        "(inference: the batched `batch_first` samples of `nn.Transformer` and "
+        "`nn.TransformerDecoderLayer` take PyTorch's fused fast paths here, "
+        "`_transformer_encoder_layer_fwd`, `_native_multi_head_attention` and, with a padding "
+        "mask, nested tensors).",
         "- Backward (`train backward`, `eval backward`): `torch.autograd.grad` of the "
         "differentiable outputs with a fixed random cotangent (normal, seed fixed) with respect "
         "to the inputs that require grad and every parameter; each gradient is compared.",
