@@ -61,7 +61,9 @@ from torchneuron.tools.conformance import (
     CLOSE,
     COUNTED,  # noqa: F401  (tests read it from here)
     CPU_ERROR,
+    ERROR,  # noqa: F401  (tests read it from here)
     EXACT,
+    FAIL,  # noqa: F401  (tests read it from here)
     FORWARD,
     METADATA,
     NO_GRAD,
