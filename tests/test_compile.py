@@ -232,7 +232,7 @@ def test_opinfo_samples_compiled_match_eager(key, opinfos):
         got = torch.compile(
             lambda x, *a, **k: opinfo.op(x, *a, **k), backend="neuron", fullgraph=True
         )(inp, *args, **kwargs)
-        for e, g in zip(op_coverage._tensors(expected), op_coverage._tensors(got), strict=True):
+        for e, g in zip(op_coverage.tensors(expected), op_coverage.tensors(got), strict=True):
             assert g.device == e.device, key
             torch.testing.assert_close(g.cpu(), e.cpu(), **TOL)
 

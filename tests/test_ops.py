@@ -1099,3 +1099,31 @@ def test_efficient_zero_tensor_on_device():
     zeros = torch._efficientzerotensor(3, device="neuron")
     assert zeros.device.type == "neuron"
     assert torch.equal((zeros + 1).cpu(), torch.ones(3))
+
+
+def test_ops_with_a_cpu_and_an_implicit_composite_kernel_compute_like_cpu():
+    # mish_backward has a CPU kernel and a CompositeImplicitAutograd decomposition; neuron
+    # used the decomposition, whose bfloat16 rounding differs (nn.Mish's bfloat16 gradient
+    # in the ModuleInfo sweep). It now runs the CPU kernel: bitwise equal. (Under
+    # create_graph both devices use infinitely_differentiable_mish_backward instead.)
+    torch.manual_seed(0)
+    x = torch.randn(1000, dtype=torch.bfloat16, requires_grad=True)
+    cotangent = torch.randn(1000, dtype=torch.bfloat16)
+    (expected,) = torch.autograd.grad(F.mish(x), x, cotangent)
+    x_dev = x.detach().to(DEVICE).requires_grad_(True)
+    (grad,) = torch.autograd.grad(F.mish(x_dev), x_dev, cotangent.to(DEVICE))
+    torch.testing.assert_close(grad.cpu(), expected, **EXACT)
+
+
+def test_native_channel_shuffle_stays_differentiable():
+    # Also CPU + CompositeImplicitAutograd, but kept on its decomposition: the CPU's
+    # Autograd kernel for it raises "derivative not implemented".
+    y = torch.randn(2, 6, 3, 3)
+    y_dev = y.to(DEVICE).requires_grad_(True)
+    shuffled = torch.native_channel_shuffle(y_dev, 3)
+    torch.testing.assert_close(shuffled.cpu(), torch.native_channel_shuffle(y, 3), **EXACT)
+    weights = torch.randn(shuffled.shape)
+    (grad,) = torch.autograd.grad(shuffled, y_dev, weights.to(DEVICE))
+    # The gradient of a permutation is its inverse: shuffling 6 channels in 2 groups undoes
+    # shuffling them in 3.
+    torch.testing.assert_close(grad.cpu(), torch.native_channel_shuffle(weights, 2), **EXACT)

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "allocation_redirect.h"
+#include "bulk_registration.h"
 #include "caching_allocator.h"
 #include "device_activity.h"
 #include "device_placement.h"
@@ -198,30 +199,24 @@ void register_direct_host_kernels() {
   // An op with both a CPU kernel and a generic (composite) one reaches a backend without its
   // own kernel through the generic one. For structured ops (add, mul, ...) that kernel runs
   // shape inference, allocates and calls the out= variant, whose host kernel runs shape
-  // inference again; for others (native_layer_norm, ...) it is a decomposition with other
-  // numerics than the CPU's. Sending them straight to their CPU kernels avoids both.
-  static std::unique_ptr<torch::Library> library = [] {
-    auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
-                                                c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
-    auto& dispatcher = c10::Dispatcher::singleton();
-    for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
-      if (name.name.rfind("aten::", 0) != 0) continue;
-      auto op = dispatcher.findOp(name);
-      if (!op.has_value() || op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
-          !op->hasKernelForDispatchKey(c10::DispatchKey::CPU)) {
-        continue;
-      }
-      if (!op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) &&
-          !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd)) {
-        continue;  // the fallback reaches it anyway
-      }
-      std::string qualified = name.name.substr(6);
-      if (!name.overload_name.empty()) qualified += "." + name.overload_name;
-      lib->impl(qualified.c_str(),
-                torch::CppFunction::makeFromBoxedFunction<&run_on_host_kernels>());
-    }
-    return lib;
-  }();
+  // inference again; for others (native_layer_norm, mish_backward, ...) it is a
+  // decomposition with other numerics than the CPU's. Sending them straight to their CPU
+  // kernels avoids both. For a CompositeImplicitAutograd op a direct kernel also means its
+  // autograd is the CPU's (its Autograd kernel instead of the decomposition's graph).
+  // native_channel_shuffle keeps its decomposition: it only permutes values (the same
+  // either way), and its Autograd kernel raises "derivative not implemented".
+  static const std::unique_ptr<torch::Library> library =
+      register_for_aten_ops<&run_on_host_kernels>(
+          c10::DispatchKey::PrivateUse1, [](const c10::OperatorHandle& op) {
+            using c10::DispatchKey;
+            const bool composite =
+                op.hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutogradNonFunctional) ||
+                op.hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutograd) ||
+                op.hasKernelForDispatchKey(DispatchKey::CompositeImplicitAutograd);
+            // Without a composite kernel the fallback reaches the op anyway.
+            return composite && op.hasKernelForDispatchKey(DispatchKey::CPU) &&
+                   op.operator_name().name != "aten::native_channel_shuffle";
+          });
   (void)library;
 }
 

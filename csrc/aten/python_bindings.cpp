@@ -20,6 +20,7 @@
 namespace torchneuron {
 void register_hooks();
 void register_direct_host_kernels();
+void register_nested_host_kernels();
 }  // namespace torchneuron
 
 namespace py = pybind11;
@@ -69,6 +70,7 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "torchneuron native extension";
   torchneuron::register_hooks();
   torchneuron::register_direct_host_kernels();
+  torchneuron::register_nested_host_kernels();
   torchneuron::register_compiled_graph_call(m);
   torchneuron::register_dist_backend(m);
   torchneuron::register_shared_storage(m);

@@ -37,27 +37,15 @@ The sweep runs the samples in worker processes (``--jobs``) with a per-sample ti
 a crash or a hang of one sample is recorded against it and the sweep goes on. The report
 names the commit and the build of the extension the workers ran (and says so if the backend
 was rebuilt during the run). ``KNOWN_CAUSES`` maps the remaining failures to their causes.
+The pieces shared with the module harness (module_coverage.py) live in conformance.py
+(outcomes, copying samples, comparing), sweep.py (workers, command line) and
+report_sections.py.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import dataclasses
-import json
-import math
-import os
-import queue
-import random
-import re
-import signal
-import subprocess
 import sys
-import tempfile
-import threading
-import time
-import types
-import unittest
 import warnings
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator
@@ -66,6 +54,45 @@ from typing import Any
 
 import torch
 
+from torchneuron.tools import report_sections as sections
+from torchneuron.tools import sweep
+from torchneuron.tools.conformance import (
+    BACKWARD,
+    CLOSE,
+    COUNTED,  # noqa: F401  (tests read it from here)
+    CPU_ERROR,
+    ERROR,  # noqa: F401  (tests read it from here)
+    EXACT,
+    FAIL,  # noqa: F401  (tests read it from here)
+    FORWARD,
+    METADATA,
+    NO_GRAD,
+    OVERRIDE,
+    PASS,
+    SEED,
+    UNREPRODUCIBLE,
+    CpuError,
+    Mismatch,
+    NeuronError,
+    NoGrad,
+    Result,
+    Unit,
+    compare,
+    compare_cpu,
+    compare_levels,
+    declared_tolerance,
+    describe_call,
+    differentiable,
+    first_line,
+    flatten,
+    load_database,
+    run_classified,
+    run_samples,
+    seed_everything,
+    tensors,
+    transform,
+)
+
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "bfloat16": torch.bfloat16,
@@ -73,19 +100,7 @@ DTYPES: dict[str, torch.dtype] = {
     "int64": torch.int64,
     "bool": torch.bool,
 }
-FORWARD = "forward"
-BACKWARD = "backward"
-SEED = 1234
 
-PASS, FAIL, ERROR, CPU_ERROR, NO_GRAD = "pass", "fail", "error", "cpu-error", "no-grad"
-COUNTED = (PASS, FAIL, ERROR)
-
-# How a passing sample was checked.
-EXACT = "exact"  # bitwise equal (NaN == NaN)
-CLOSE = "close"  # within assert_close's default tolerance
-OVERRIDE = "override"  # within the OpInfo's own looser tolerance
-METADATA = "metadata"  # random / undefined values: shape, dtype, layout, device only
-UNREPRODUCIBLE = "unreproducible"  # the CPU result changes from run to run: metadata only
 
 # Ops whose outputs are random (drawn from a generator) or undefined (uninitialised memory):
 # their values are not compared, only shape, dtype, layout and device.
@@ -268,66 +283,13 @@ FAST_OPS: dict[str, tuple[str, ...]] = {
 }
 
 
-@dataclasses.dataclass
-class Result:
-    """The outcome of one sample of one (op, dtype, mode)."""
-
-    op: str
-    dtype: str
-    mode: str
-    index: int
-    status: str
-    reason: str = ""
-    sample: str = ""
-    checked: str = ""
-
-    def line(self) -> str:
-        text = f"{self.op} {self.dtype} {self.mode} #{self.index}: {self.status}"
-        if self.reason:
-            text += f" ({self.reason})"
-        if self.sample:
-            text += f" [sample: {self.sample}]"
-        return text
-
-
-@dataclasses.dataclass(frozen=True)
-class Unit:
-    """The samples of one op in one dtype and mode, run together."""
-
-    op: str
-    dtype: str
-    mode: str
-
-
 # ---------------------------------------------------------------------------------------------
 # The op database
 
 
-def _ensure_expecttest() -> None:
-    """common_utils imports ``expecttest`` (a test-only dependency PyTorch does not install);
-    the op database does not use it, so a stand-in module is enough when it is missing."""
-    try:
-        import expecttest  # noqa: F401
-    except ImportError:
-        stub = types.ModuleType("expecttest")
-        stub.TestCase = unittest.TestCase  # type: ignore[attr-defined]
-        stub.ACCEPT = False  # type: ignore[attr-defined]
-        sys.modules["expecttest"] = stub
-
-
-_OP_DB: list[Any] | None = None
-
-
 def load_op_db() -> list[Any]:
     """PyTorch's OpInfo database (``op_db``)."""
-    global _OP_DB
-    if _OP_DB is None:
-        _ensure_expecttest()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            from torch.testing._internal.common_methods_invocations import op_db
-        _OP_DB = list(op_db)
-    return _OP_DB
+    return load_database("torch.testing._internal.common_methods_invocations", "op_db")
 
 
 def op_key(op: Any) -> str:
@@ -364,85 +326,16 @@ def units_for(op: Any, dtypes: Iterable[str] | None = None) -> list[Unit]:
 
 def tolerance_override(op: Any, dtype: torch.dtype) -> tuple[float, float] | None:
     """The loosest (rtol, atol) the OpInfo declares for `dtype` (CPU or any device)."""
-    from torch.testing._internal.common_device_type import precisionOverride, toleranceOverride
-    from torch.testing._internal.opinfo.core import DecorateInfo
 
-    rtol = atol = None
-    for info in op.decorators or ():
-        decorators = [info]
-        if isinstance(info, DecorateInfo):
-            if info.device_type not in (None, "cpu") or not info.active_if:
-                continue
-            if info.dtypes is not None and dtype not in info.dtypes:
-                continue
-            decorators = info.decorators
-        for decorator in decorators:
-            if isinstance(decorator, toleranceOverride) and dtype in decorator.d:
-                entry = decorator.d[dtype]
-                rtol = max(rtol or 0.0, entry.rtol)
-                atol = max(atol or 0.0, entry.atol)
-            elif isinstance(decorator, precisionOverride) and dtype in decorator.d:
-                atol = max(atol or 0.0, decorator.d[dtype])
-                rtol = max(rtol or 0.0, 0.0)
-    if rtol is None or atol is None:
-        return None
-    return rtol, atol
+    def applies(info: Any) -> bool:
+        on_cpu = info.device_type in (None, "cpu") and bool(info.active_if)
+        return on_cpu and (info.dtypes is None or dtype in info.dtypes)
+
+    return declared_tolerance(op.decorators or (), dtype, applies)
 
 
 # ---------------------------------------------------------------------------------------------
-# Moving samples between devices
-
-
-def _copy_tensor(
-    t: torch.Tensor, device: str, memo: dict[tuple[int, int], torch.Tensor]
-) -> torch.Tensor:
-    """A copy of `t` on `device` with the same sizes, strides and storage offset (the whole
-    storage is copied, so views and overlapping strides come out the same, and tensors that
-    share a storage on the CPU share one on `device`)."""
-    plain = type(t) in (torch.Tensor, torch.nn.Parameter)
-    if plain and t.layout == torch.strided and t.device.type == "cpu" and not t.is_conj():
-        if t.is_neg():
-            t = t.resolve_neg()
-        storage = t.untyped_storage()
-        key = (storage.data_ptr(), storage.nbytes())
-        if key not in memo or key[0] == 0:
-            raw = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),), (1,))
-            memo[key] = raw.to(device, copy=True)
-        base = memo[key].view(t.dtype)
-        out = base.as_strided(t.size(), t.stride(), t.storage_offset()).detach()
-    else:
-        out = t.detach().to(device, copy=True)
-    if t.requires_grad:
-        out.requires_grad_(True)
-    return out
-
-
-def transform(
-    obj: Any, device: str, memo: dict[tuple[int, int], torch.Tensor] | None = None
-) -> Any:
-    """`obj` with every tensor copied to `device` (recursively through lists, tuples and
-    dicts); CPU devices (torch.device or the string ``"cpu"``) and CPU generators follow."""
-    memo = {} if memo is None else memo
-    if isinstance(obj, torch.Tensor):
-        return _copy_tensor(obj, device, memo)
-    if isinstance(obj, torch.Size):
-        return obj
-    if isinstance(obj, torch.device):
-        return torch.device(device) if obj.type == "cpu" else obj
-    if isinstance(obj, str) and (obj == "cpu" or obj.startswith("cpu:")):
-        return device  # a device argument given as a string (``to('cpu')``, ``device='cpu'``)
-    if isinstance(obj, torch.Generator):
-        generator = torch.Generator(device=device)
-        generator.manual_seed(obj.initial_seed())
-        return generator
-    if isinstance(obj, list):
-        return [transform(x, device, memo) for x in obj]
-    if isinstance(obj, tuple):
-        items = [transform(x, device, memo) for x in obj]
-        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
-    if isinstance(obj, dict):
-        return {k: transform(v, device, memo) for k, v in obj.items()}
-    return obj
+# Moving samples to neuron and comparing
 
 
 def neuron_copy(op: Any, sample: Any) -> tuple[Any, Any, Any]:
@@ -458,168 +351,14 @@ def neuron_copy(op: Any, sample: Any) -> tuple[Any, Any, Any]:
     return sample_input, args, kwargs
 
 
-def _flatten(obj: Any) -> list[Any]:
-    """The leaves of `obj` in order (through lists, tuples and dicts; torch.Size is a leaf)."""
-    if isinstance(obj, (list, tuple)) and not isinstance(obj, torch.Size):
-        return [leaf for x in obj for leaf in _flatten(x)]
-    if isinstance(obj, dict):
-        return [leaf for k in obj for leaf in _flatten(obj[k])]
-    return [obj]
-
-
-def _tensors(obj: Any) -> list[torch.Tensor]:
-    return [x for x in _flatten(obj) if isinstance(x, torch.Tensor)]
-
-
-_SHORT_DTYPE = {
-    torch.float32: "f32",
-    torch.float64: "f64",
-    torch.bfloat16: "bf16",
-    torch.float16: "f16",
-    torch.int64: "i64",
-    torch.int32: "i32",
-    torch.int16: "i16",
-    torch.int8: "i8",
-    torch.uint8: "u8",
-    torch.bool: "b8",
-    torch.complex64: "c64",
-}
-
-
-def _describe(obj: Any) -> str:
-    if isinstance(obj, torch.Tensor):
-        text = f"{_SHORT_DTYPE.get(obj.dtype, str(obj.dtype))}{list(obj.shape)}"
-        if obj.layout != torch.strided:
-            text += f"({obj.layout})"
-        elif not obj.is_contiguous():
-            text += f"(strides {list(obj.stride())})"
-        return text.replace(" ", "")
-    if isinstance(obj, (list, tuple)) and not isinstance(obj, torch.Size):
-        inner = ", ".join(_describe(x) for x in obj)
-        return f"[{inner}]" if isinstance(obj, list) else f"({inner})"
-    if isinstance(obj, dict):
-        return "{" + ", ".join(f"{k}={_describe(v)}" for k, v in obj.items()) + "}"
-    if callable(obj) and not isinstance(obj, torch.dtype):
-        return getattr(obj, "__name__", type(obj).__name__)
-    return repr(obj)
-
-
 def describe_sample(sample: Any) -> str:
     """A short text of a SampleInput: dtypes and shapes of the tensors, other values."""
-    parts = [_describe(sample.input)]
-    parts += [_describe(a) for a in sample.args]
-    parts += [f"{k}={_describe(v)}" for k, v in sample.kwargs.items()]
-    text = ", ".join(parts)
-    return text if len(text) <= 200 else text[:197] + "..."
-
-
-def _first_line(error: BaseException) -> str:
-    lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
-    text = f"{type(error).__name__}: {lines[0] if lines else ''}"
-    return text if len(text) <= 240 else text[:237] + "..."
-
-
-# ---------------------------------------------------------------------------------------------
-# Comparing results
-
-
-class Mismatch(Exception):
-    """A difference between the neuron and the CPU result."""
-
-
-def _check_close(
-    actual: torch.Tensor, expected: torch.Tensor, rtol: float | None, atol: float | None
-) -> None:
-    try:
-        torch.testing.assert_close(
-            actual, expected, rtol=rtol, atol=atol, equal_nan=True, check_stride=False
-        )
-    except AssertionError as error:
-        summary = " ".join(line.strip() for line in str(error).splitlines() if line.strip())
-        raise Mismatch(summary[:300]) from None
-
-
-def _compare(actual: Any, expected: Any, level: str, path: str) -> None:
-    """Raises Mismatch when `actual` (neuron) differs from `expected` (CPU) at `level`:
-    EXACT (bitwise), CLOSE (default tolerances), (rtol, atol), or METADATA."""
-    if isinstance(expected, torch.Tensor):
-        if not isinstance(actual, torch.Tensor):
-            raise Mismatch(f"{path}: expected a tensor, got {type(actual).__name__}")
-        if actual.device.type != "neuron":
-            raise Mismatch(f"{path}: on {actual.device}, expected a neuron tensor")
-        if actual.dtype != expected.dtype or actual.shape != expected.shape:
-            raise Mismatch(
-                f"{path}: {actual.dtype}{list(actual.shape)} on neuron, "
-                f"{expected.dtype}{list(expected.shape)} on cpu"
-            )
-        if actual.layout != expected.layout:
-            raise Mismatch(f"{path}: layout {actual.layout} on neuron, {expected.layout} on cpu")
-        if level == METADATA:
-            return
-        host = actual.detach().cpu()
-        expected = expected.detach()
-        if level == EXACT:
-            _check_close(host, expected, 0.0, 0.0)
-        elif level == CLOSE:
-            _check_close(host, expected, None, None)
-        else:
-            rtol, atol = level  # type: ignore[misc]
-            _check_close(host, expected, rtol, atol)
-        return
-    if isinstance(expected, (list, tuple)) and not isinstance(expected, torch.Size):
-        if not isinstance(actual, (list, tuple)) or len(actual) != len(expected):
-            raise Mismatch(f"{path}: {_describe(actual)} on neuron, {_describe(expected)} on cpu")
-        for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
-            _compare(a, e, level, f"{path}[{i}]")
-        return
-    if isinstance(expected, dict):
-        if not isinstance(actual, dict) or set(actual) != set(expected):
-            raise Mismatch(f"{path}: {_describe(actual)} on neuron, {_describe(expected)} on cpu")
-        for k in expected:
-            _compare(actual[k], expected[k], level, f"{path}[{k!r}]")
-        return
-    if level == METADATA:
-        if type(actual) is not type(expected):
-            raise Mismatch(f"{path}: {type(actual).__name__} on neuron, {type(expected).__name__}")
-        return
-    if isinstance(expected, float) and isinstance(actual, float):
-        if math.isnan(expected) and math.isnan(actual):
-            return
-        if level == EXACT:
-            ok = actual == expected
-        else:
-            rtol, atol = (1.3e-6, 1e-5) if level == CLOSE else level  # type: ignore[misc]
-            ok = math.isclose(actual, expected, rel_tol=rtol, abs_tol=atol)
-        if not ok:
-            raise Mismatch(f"{path}: {actual!r} on neuron, {expected!r} on cpu")
-        return
-    if type(actual) is not type(expected) or actual != expected:
-        raise Mismatch(f"{path}: {actual!r} on neuron, {expected!r} on cpu")
+    return describe_call((sample.input, *sample.args), sample.kwargs)
 
 
 def _compare_levels(actual: Any, expected: Any, op: Any, dtype: torch.dtype, random: bool) -> str:
-    """The level at which `actual` matches `expected` (EXACT, CLOSE, OVERRIDE, METADATA);
-    raises Mismatch (the default-tolerance one) when none does."""
-    if random:
-        _compare(actual, expected, METADATA, "output")
-        return METADATA
-    try:
-        _compare(actual, expected, EXACT, "output")
-        return EXACT
-    except Mismatch:
-        pass
-    try:
-        _compare(actual, expected, CLOSE, "output")
-        return CLOSE
-    except Mismatch as error:
-        override = tolerance_override(op, dtype)
-        if override is None:
-            raise
-        try:
-            _compare(actual, expected, override, "output")
-        except Mismatch:
-            raise error from None
-        return OVERRIDE
+    """compare_levels with the OpInfo's own tolerance for `dtype` as the override."""
+    return compare_levels(actual, expected, lambda: tolerance_override(op, dtype), random)
 
 
 def _storage_key(t: torch.Tensor) -> int | None:
@@ -639,7 +378,7 @@ def _check_aliasing(
     input on neuron (views and in-place results), and only then."""
     cpu_keys = [_storage_key(t) for t in cpu_inputs]
     neuron_keys = [_storage_key(t) for t in neuron_inputs]
-    cpu_outs, neuron_outs = _flatten(cpu_out), _flatten(neuron_out)
+    cpu_outs, neuron_outs = flatten(cpu_out), flatten(neuron_out)
     for i, (c, n) in enumerate(zip(cpu_outs, neuron_outs, strict=False)):
         if not isinstance(c, torch.Tensor) or not isinstance(n, torch.Tensor):
             continue
@@ -663,19 +402,10 @@ def _check_aliasing(
 # Running samples
 
 
-def _seed(seed: int) -> None:
-    torch.manual_seed(seed)
-    random.seed(seed)
-    with contextlib.suppress(ImportError):
-        import numpy
-
-        numpy.random.seed(seed)
-
-
 def generate_samples(op: Any, dtype: str, mode: str) -> list[Any]:
     """The OpInfo's sample inputs on the CPU, generated from a fixed seed (reproducible, so a
     restarted worker regenerates the same list)."""
-    _seed(SEED)
+    seed_everything(SEED)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return list(op.sample_inputs("cpu", DTYPES[dtype], requires_grad=mode == BACKWARD))
@@ -688,41 +418,33 @@ def _call(op: Any, sample_input: Any, args: Any, kwargs: Any, post: Callable[[An
 def _default_device(neuron_sample: Any) -> contextlib.AbstractContextManager[Any]:
     """Factory samples without any tensor (``arange(5)``) create their result on the default
     device: make that neuron for the neuron run, as a device's own test suite does."""
-    return torch.device("neuron") if not _tensors(neuron_sample) else contextlib.nullcontext()
-
-
-def _differentiable(outputs: Any) -> list[torch.Tensor]:
-    return [
-        t
-        for t in _tensors(outputs)
-        if t.requires_grad and (t.dtype.is_floating_point or t.dtype.is_complex)
-    ]
+    return torch.device("neuron") if not tensors(neuron_sample) else contextlib.nullcontext()
 
 
 def _run_forward(
     op: Any, sample: Any, dtype: torch.dtype, random: bool, phase: Callable[[str], None]
 ) -> str:
     """Runs one forward sample on both devices; returns how it passed, raises Mismatch,
-    _NeuronError or _CpuError."""
+    NeuronError or CpuError."""
     post = sample.output_process_fn_grad
     neuron_sample = neuron_copy(op, sample)
     pristine = transform((sample.input, sample.args, sample.kwargs), "cpu")
     phase("cpu")
-    _seed(SEED)
+    seed_everything(SEED)
     try:
         expected = _call(op, sample.input, sample.args, sample.kwargs, post)
     except Exception as error:
-        raise _CpuError(_first_line(error)) from error
+        raise CpuError(first_line(error)) from error
     phase("neuron")
-    _seed(SEED)
+    seed_everything(SEED)
     try:
         with _default_device(neuron_sample):
             actual = _call(op, *neuron_sample, post)
     except Exception as error:
-        raise _NeuronError(_first_line(error)) from error
+        raise NeuronError(first_line(error)) from error
     phase("compare")
-    cpu_inputs = _tensors((sample.input, sample.args, sample.kwargs))
-    neuron_inputs = _tensors(neuron_sample)
+    cpu_inputs = tensors((sample.input, sample.args, sample.kwargs))
+    neuron_inputs = tensors(neuron_sample)
     try:
         level = _compare_levels(actual, expected, op, dtype, random)
         _check_aliasing(expected, actual, cpu_inputs, neuron_inputs)
@@ -738,32 +460,21 @@ def _run_forward(
     except Mismatch:
         if random or not _cpu_unreproducible(op, pristine, post, expected):
             raise
-        _compare(actual, expected, METADATA, "output")
+        compare(actual, expected, METADATA, "output")
         return UNREPRODUCIBLE
 
 
 def _cpu_unreproducible(op: Any, pristine: Any, post: Callable[[Any], Any], expected: Any) -> bool:
     """True when the CPU gives another result for the same inputs under another seed."""
-    _seed(SEED + 1)
+    seed_everything(SEED + 1)
     try:
         again = _call(op, *pristine, post)
-        _compare_cpu(again, expected)
+        compare_cpu(again, expected)
     except Mismatch:
         return True
     except Exception:
         return False
     return False
-
-
-def _compare_cpu(actual: Any, expected: Any) -> None:
-    a, e = _flatten(actual), _flatten(expected)
-    if len(a) != len(e):
-        raise Mismatch("structure")
-    for x, y in zip(a, e, strict=True):
-        if isinstance(y, torch.Tensor):
-            if not isinstance(x, torch.Tensor) or x.shape != y.shape or x.dtype != y.dtype:
-                raise Mismatch("metadata")
-            _check_close(x.detach(), y.detach(), None, None)
 
 
 def _run_backward(op: Any, sample: Any, random: bool, phase: Callable[[str], None]) -> str:
@@ -772,29 +483,27 @@ def _run_backward(op: Any, sample: Any, random: bool, phase: Callable[[str], Non
     post = sample.output_process_fn_grad
     neuron_sample = neuron_copy(op, sample)
     phase("cpu")
-    cpu_inputs = [
-        t for t in _tensors((sample.input, sample.args, sample.kwargs)) if t.requires_grad
-    ]
+    cpu_inputs = [t for t in tensors((sample.input, sample.args, sample.kwargs)) if t.requires_grad]
     if not cpu_inputs:
-        raise _NoGrad("no input requires grad")
-    _seed(SEED)
+        raise NoGrad("no input requires grad")
+    seed_everything(SEED)
     try:
-        cpu_out = _differentiable(_call(op, sample.input, sample.args, sample.kwargs, post))
+        cpu_out = differentiable(_call(op, sample.input, sample.args, sample.kwargs, post))
         if not cpu_out:
-            raise _NoGrad("no differentiable output")
+            raise NoGrad("no differentiable output")
         generator = torch.Generator().manual_seed(SEED)
         cotangents = [torch.randn(t.shape, generator=generator, dtype=t.dtype) for t in cpu_out]
         expected = torch.autograd.grad(cpu_out, cpu_inputs, cotangents, allow_unused=True)
-    except _NoGrad:
+    except NoGrad:
         raise
     except Exception as error:
-        raise _CpuError(_first_line(error)) from error
+        raise CpuError(first_line(error)) from error
     phase("neuron")
-    neuron_inputs = [t for t in _tensors(neuron_sample) if t.requires_grad]
-    _seed(SEED)
+    neuron_inputs = [t for t in tensors(neuron_sample) if t.requires_grad]
+    seed_everything(SEED)
     try:
         with _default_device(neuron_sample):
-            neuron_out = _differentiable(_call(op, *neuron_sample, post))
+            neuron_out = differentiable(_call(op, *neuron_sample, post))
         if len(neuron_out) != len(cpu_out):
             raise Mismatch(
                 f"{len(neuron_out)} differentiable outputs on neuron, {len(cpu_out)} on cpu"
@@ -806,24 +515,12 @@ def _run_backward(op: Any, sample: Any, random: bool, phase: Callable[[str], Non
     except Mismatch:
         raise
     except Exception as error:
-        raise _NeuronError(_first_line(error)) from error
+        raise NeuronError(first_line(error)) from error
     phase("compare")
     try:
         return _compare_levels(list(actual), list(expected), op, torch.float32, random)
     except Mismatch as error:
         raise Mismatch(str(error).replace("output", "grad", 1)) from None
-
-
-class _CpuError(Exception):
-    pass
-
-
-class _NeuronError(Exception):
-    pass
-
-
-class _NoGrad(Exception):
-    pass
 
 
 def run_sample(
@@ -839,26 +536,14 @@ def run_sample(
     result = Result(key, dtype, mode, index, PASS, sample=describe_sample(sample))
     random = key in RANDOM_OPS
     phase = phase or (lambda _: None)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            if mode == FORWARD:
-                result.checked = _run_forward(op, sample, DTYPES[dtype], random, phase)
-            else:
-                result.checked = _run_backward(op, sample, random, phase)
-        except Mismatch as error:
-            result.status, result.reason = FAIL, str(error)
-        except _NeuronError as error:
-            result.status, result.reason = ERROR, str(error)
-        except _CpuError as error:
-            result.status, result.reason = CPU_ERROR, str(error)
-        except _NoGrad as error:
-            result.status, result.reason = NO_GRAD, str(error)
-        except Exception as error:  # a bug in the comparison itself: report it, do not hide it
-            result.status, result.reason = ERROR, "harness: " + _first_line(error)
-    if result.checked == UNREPRODUCIBLE:
-        result.reason = "CPU result differs between runs: compared shape/dtype/device only"
-    elif result.checked == METADATA:
+
+    def body() -> str:
+        if mode == FORWARD:
+            return _run_forward(op, sample, DTYPES[dtype], random, phase)
+        return _run_backward(op, sample, random, phase)
+
+    run_classified(result, body)
+    if result.checked == METADATA:
         result.reason = f"{RANDOM_OPS[key]}: compared shape/dtype/device only"
     return result
 
@@ -868,21 +553,15 @@ def check_unit(
 ) -> Iterator[Result]:
     """Runs the samples of `unit` (from index `start`) in this process."""
     op = ops_by_key()[unit.op]
-    try:
-        samples = generate_samples(op, unit.dtype, unit.mode)
-    except Exception as error:
-        yield Result(
-            unit.op,
-            unit.dtype,
-            unit.mode,
-            -1,
-            CPU_ERROR,
-            "sample generation: " + _first_line(error),
-        )
-        return
-    for index in range(start, len(samples)):
-        callback = (lambda p, i=index: phase(i, p)) if phase else None
-        yield run_sample(op, samples[index], unit.dtype, unit.mode, index, callback)
+    return run_samples(
+        unit,
+        start,
+        phase,
+        lambda: generate_samples(op, unit.dtype, unit.mode),
+        lambda sample, index, callback: run_sample(
+            op, sample, unit.dtype, unit.mode, index, callback
+        ),
+    )
 
 
 def check_op(key: str, dtype: str, mode: str) -> list[Result]:
@@ -891,338 +570,30 @@ def check_op(key: str, dtype: str, mode: str) -> list[Result]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Worker processes (a crash or hang costs one sample, not the sweep)
-
-
-def build_id() -> str:
-    """Which build of the backend this process runs: the extension's file and its mtime."""
-    from torchneuron import _C
-
-    path = Path(_C.__file__)
-    built = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(path.stat().st_mtime))
-    return f"{path.name} built {built} UTC"
-
-
-def source_state() -> str:
-    """The git commit of the checkout and whether csrc/ has uncommitted changes."""
-    root = Path(__file__).resolve().parents[2]
-
-    def git(*args: str) -> str:
-        done = subprocess.run(
-            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30
-        )
-        return done.stdout.strip() if done.returncode == 0 else ""
-
-    try:
-        head = git("rev-parse", "--short", "HEAD")
-        dirty = git("status", "--porcelain", "--", "csrc")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    if not head:
-        return "unknown"
-    return f"commit {head}" + (" with uncommitted changes in csrc/" if dirty else "")
-
-
-def _worker_main() -> None:
-    """Reads units (JSON lines) on stdin; writes progress and results on the original stdout.
-    Anything else the ops print goes to stderr."""
-    protocol = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    load_op_db()
-
-    def send(message: dict[str, Any]) -> None:
-        protocol.write(json.dumps(message) + "\n")
-        protocol.flush()
-
-    send({"t": "ready", "build": build_id()})
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        request = json.loads(line)
-        unit = Unit(request["op"], request["dtype"], request["mode"])
-        for result in check_unit(
-            unit, request["start"], lambda i, p: send({"t": "p", "i": i, "p": p})
-        ):
-            send({"t": "r", "r": dataclasses.asdict(result)})
-        send({"t": "end"})
-
-
-class _Process:
-    """One worker process: its pipes, a thread reading its messages, and its stderr log."""
-
-    command = [sys.executable, "-m", "torchneuron.tools.op_coverage", "--worker"]
-
-    def __init__(self) -> None:
-        self.log = tempfile.NamedTemporaryFile(
-            prefix="op_coverage_worker_", suffix=".log", delete=False
-        )
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        self.ready = False
-        self.build = "unknown"
-        self.popen = subprocess.Popen(
-            self.command,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.log,
-            text=True,
-            bufsize=1,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"),
-        )
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.popen.stdout is not None
-        for line in self.popen.stdout:
-            self.lines.put(line)
-        self.lines.put(None)
-
-    def next(self, timeout: float) -> dict[str, Any] | None:
-        """The next message; None on EOF; raises TimeoutError."""
-        try:
-            line = self.lines.get(timeout=timeout)
-        except queue.Empty:
-            raise TimeoutError from None
-        return None if line is None else json.loads(line)
-
-    def wait_ready(self, timeout: float) -> None:
-        if not self.ready:
-            message = self.next(timeout)
-            if message is None or message.get("t") != "ready":
-                raise RuntimeError(f"op_coverage worker did not start: {self.stderr_tail()}")
-            self.ready = True
-            self.build = str(message.get("build", "unknown"))
-
-    def send(self, message: dict[str, Any]) -> None:
-        assert self.popen.stdin is not None
-        self.popen.stdin.write(json.dumps(message) + "\n")
-        self.popen.stdin.flush()
-
-    def stderr_tail(self) -> str:
-        try:
-            text = Path(self.log.name).read_text(errors="replace")
-        except OSError:
-            return ""
-        lines = [line.strip() for line in text.splitlines() if line.strip()]
-        return lines[-1][:200] if lines else ""
-
-    def alive(self) -> bool:
-        return self.popen.poll() is None
-
-    def close(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.kill()
-        self.popen.wait()
-        self.log.close()
-        with contextlib.suppress(OSError):
-            os.unlink(self.log.name)
-
-
-class _Worker:
-    """Runs units in a worker process, replaced after a crash or a timeout. After the first
-    replacement a spare process is kept loading in the background, so a run of crashing
-    samples does not wait for a fresh interpreter each time."""
-
-    def __init__(self, timeout: float, builds: set[str] | None = None) -> None:
-        self.timeout = timeout
-        self.process: _Process | None = None
-        self.spare: _Process | None = None
-        self.replacements = 0
-        self.builds = builds if builds is not None else set()
-
-    def _start(self) -> None:
-        if self.process is not None:
-            self.process.close()
-            self.replacements += 1
-        self.process, self.spare = self.spare or _Process(), None
-        self.process.wait_ready(max(self.timeout, 300.0))
-        self.builds.add(self.process.build)
-        if self.replacements:
-            self.spare = _Process()
-
-    def close(self) -> None:
-        for process in (self.process, self.spare):
-            if process is not None:
-                process.close()
-        self.process = self.spare = None
-
-    def run(self, unit: Unit) -> list[Result]:
-        results: list[Result] = []
-        start = 0
-        while True:
-            if self.process is None or not self.process.alive():
-                self._start()
-            assert self.process is not None
-            process = self.process
-            process.send({"op": unit.op, "dtype": unit.dtype, "mode": unit.mode, "start": start})
-            index, current_phase = start, "generate"
-            try:
-                while True:
-                    message = process.next(self.timeout)
-                    if message is None:
-                        code = process.popen.wait()
-                        how = signal.Signals(-code).name if code < 0 else f"exit code {code}"
-                        tail = process.stderr_tail()
-                        tail = f": {tail}" if tail else ""
-                        raise _WorkerDied(f"crashed ({how}) during {current_phase}{tail}")
-                    if message["t"] == "p":
-                        index, current_phase = message["i"], message["p"]
-                    elif message["t"] == "r":
-                        results.append(Result(**message["r"]))
-                        index, current_phase = message["r"]["index"] + 1, "next"
-                    elif message["t"] == "end":
-                        return results
-            except TimeoutError:
-                process.popen.kill()
-                process.popen.wait()
-                reason = f"timeout: no result after {self.timeout:.0f} s (during {current_phase})"
-            except _WorkerDied as died:
-                reason = str(died)
-            if current_phase in ("generate", "next"):
-                # Sample generation itself died: record the unit and move on.
-                status = CPU_ERROR if current_phase == "generate" else ERROR
-                results.append(
-                    Result(
-                        unit.op,
-                        unit.dtype,
-                        unit.mode,
-                        index if current_phase == "next" else -1,
-                        status,
-                        "worker " + reason,
-                    )
-                )
-                if current_phase == "generate":
-                    return results
-            else:
-                status = CPU_ERROR if current_phase == "cpu" else ERROR
-                results.append(
-                    Result(unit.op, unit.dtype, unit.mode, index, status, "worker " + reason)
-                )
-            start = index + 1
-
-
-class _WorkerDied(Exception):
-    pass
-
-
-def sweep(
-    units: list[Unit],
-    jobs: int = 1,
-    timeout: float = 180.0,
-    verbose: bool = True,
-    builds: set[str] | None = None,
-) -> list[Result]:
-    """Runs `units` in `jobs` worker processes; returns every sample's result. The builds of
-    the backend the workers ran are added to `builds`."""
-    pending: queue.Queue[tuple[int, Unit]] = queue.Queue()
-    for item in enumerate(units):
-        pending.put(item)
-    collected: dict[int, list[Result]] = {}
-    lock = threading.Lock()
-    started = time.monotonic()
-
-    def work() -> None:
-        worker = _Worker(timeout, builds)
-        try:
-            while True:
-                try:
-                    number, unit = pending.get_nowait()
-                except queue.Empty:
-                    return
-                results = worker.run(unit)
-                with lock:
-                    collected[number] = results
-                    if verbose:
-                        counts = Counter(r.status for r in results)
-                        text = " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
-                        elapsed = time.monotonic() - started
-                        print(
-                            f"[{len(collected)}/{len(units)} {elapsed:.0f}s] "
-                            f"{unit.op} {unit.dtype} {unit.mode}: {text}",
-                            file=sys.stderr,
-                            flush=True,
-                        )
-        finally:
-            worker.close()
-
-    threads = [threading.Thread(target=work) for _ in range(max(1, jobs))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return [r for number in sorted(collected) for r in collected[number]]
-
-
-# ---------------------------------------------------------------------------------------------
 # The report
-
-
-def _counts(results: Iterable[Result]) -> Counter[str]:
-    return Counter(r.status for r in results)
-
-
-def _percent(part: int, whole: int) -> str:
-    return f"{100.0 * part / whole:.2f}%" if whole else "n/a"
 
 
 def summarize(results: list[Result]) -> dict[str, dict[str, int]]:
     """Status counts per mode and overall."""
     table: dict[str, dict[str, int]] = {}
     for mode in (FORWARD, BACKWARD):
-        table[mode] = dict(_counts(r for r in results if r.mode == mode))
-    table["all"] = dict(_counts(results))
+        table[mode] = dict(sections.counts(r for r in results if r.mode == mode))
+    table["all"] = dict(sections.counts(results))
     return table
 
 
 def _summary_rows(results: list[Result]) -> list[str]:
-    rows = [
-        "| | samples run on CPU | pass | fail | error | pass rate | target 99% |",
-        "|---|---:|---:|---:|---:|---:|---|",
+    groups: list[tuple[str, Callable[[Result], bool]]] = [
+        ("forward", lambda r: r.mode == FORWARD),
+        ("backward (float32 grads)", lambda r: r.mode == BACKWARD),
+        ("all", lambda r: True),
     ]
-    for label, mode in (
-        ("forward", FORWARD),
-        ("backward (float32 grads)", BACKWARD),
-        ("all", None),
-    ):
-        counts = _counts(r for r in results if mode is None or r.mode == mode)
-        counted = sum(counts[s] for s in COUNTED)
-        rate = counts[PASS] / counted if counted else 0.0
-        met = "met" if rate >= 0.99 else f"missed by {100 * (0.99 - rate):.2f} points"
-        met = met if counted else "n/a"
-        rows.append(
-            f"| {label} | {counted} | {counts[PASS]} | {counts[FAIL]} | {counts[ERROR]} | "
-            f"{_percent(counts[PASS], counted)} | {met} |"
-        )
-    return rows
-
-
-def _matches(r: Result, op_pattern: str, reason_pattern: str) -> bool:
-    return bool(re.fullmatch(op_pattern, r.op)) and bool(re.search(reason_pattern, r.reason))
+    return sections.summary_rows(results, groups, 0.99)
 
 
 def cause_of(r: Result) -> str:
     """The known cause of a non-pass, or 'unexplained: <reason>'."""
-    for op_pattern, reason_pattern, cause in KNOWN_CAUSES:
-        if _matches(r, op_pattern, reason_pattern):
-            return cause
-    return "unexplained: " + _reason_group(r)
-
-
-def _reason_group(r: Result) -> str:
-    """The reason of a non-pass without the details that differ from sample to sample."""
-    text = r.reason
-    if r.status == FAIL:
-        text = re.sub(r"^(output|grad|input \d+ after the call: output)(\[[^\]]*\])*: ", "", text)
-        if "not close" in text:
-            return "fail: values differ beyond tolerance"
-        if "not equal" in text:
-            return "fail: values differ (exact dtype)"
-    text = re.sub(r"\d+", "N", text)
-    return f"{r.status}: {text[:140]}"
-
-
-def _md(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ").replace("`", "'")
+    return sections.cause_of(r, KNOWN_CAUSES)
 
 
 def write_report(
@@ -1242,7 +613,7 @@ def write_report(
     op_names = list(dict.fromkeys(u.op for u in units))
     unit_set = set(units)
     checked = Counter(r.checked for r in results if r.status == PASS)
-    counts = _counts(results)
+    counts = sections.counts(results)
 
     out: list[str] = []
     out.append("# OpInfo conformance of `neuron` against the CPU")
@@ -1250,7 +621,8 @@ def write_report(
     out.append(
         f"Generated by `{command}` (torchneuron/tools/op_coverage.py) with torch "
         f"{torch.__version__}, {len(op_names)} OpInfos of `op_db`, {len(units)} (op, dtype, mode) "
-        f"units, in {elapsed / 60:.1f} min. Do not edit by hand; rerun the command."
+        f"units, in {elapsed / 60:.1f} min. Do not edit by hand; rerun the command. The "
+        "ModuleInfo sweep is in [module_coverage.md](module_coverage.md)."
     )
     out.append("")
     out.append(f"Backend under test: {backend}.")
@@ -1312,48 +684,8 @@ def write_report(
     )
     out.append("")
 
-    non_pass = [r for r in results if r.status in (FAIL, ERROR)]
-    out.append(f"## Failures and errors ({len(non_pass)})")
-    out.append("")
-    if not non_pass:
-        out.append("None.")
-    else:
-        out.append("### By cause")
-        out.append("")
-        out.append(
-            "Causes come from `KNOWN_CAUSES` in the harness (each was reproduced by hand); a "
-            "non-pass that matches none is listed as 'unexplained' with its reason."
-        )
-        out.append("")
-        out.append("| cause | samples | ops (dtype mode) |")
-        out.append("|---|---:|---|")
-        by_cause: dict[str, list[Result]] = defaultdict(list)
-        for r in non_pass:
-            by_cause[cause_of(r)].append(r)
-        for cause, rs in sorted(by_cause.items(), key=lambda kv: -len(kv[1])):
-            names = ", ".join(sorted({f"{r.op} ({r.dtype} {r.mode})" for r in rs}))
-            out.append(f"| {_md(cause)} | {len(rs)} | {_md(names)} |")
-        out.append("")
-        out.append("### Every failing sample")
-        out.append("")
-        for r in non_pass:
-            known = next((c for o, x, c in KNOWN_CAUSES if _matches(r, o, x)), None)
-            label = f" [{known.split(':')[0]}]" if known else ""
-            out.append(
-                f"- `{r.op}` {r.dtype} {r.mode} sample {r.index}: **{r.status}**{label}: "
-                f"{_md(r.reason)}" + (f" — sample: `{_md(r.sample)}`" if r.sample else "")
-            )
-    out.append("")
-
-    unreproducible = [r for r in results if r.checked == UNREPRODUCIBLE]
-    out.append(f"## Compared by metadata only: CPU not reproducible ({len(unreproducible)})")
-    out.append("")
-    if not unreproducible:
-        out.append("None.")
-    for r in unreproducible:
-        out.append(f"- `{r.op}` {r.dtype} {r.mode} sample {r.index}: `{_md(r.sample)}`")
-    out.append("")
-
+    out += sections.failures_section(results, KNOWN_CAUSES, "ops")
+    out += sections.unreproducible_section(results)
     out.append("## Per op and dtype")
     out.append("")
     out.append(
@@ -1374,19 +706,11 @@ def write_report(
             if Unit(key, dtype, mode) not in unit_set:
                 cells.append("—")
                 continue
-            rs = by_cell.get((key, dtype, mode), [])
-            c = _counts(rs)
-            cell = f"{c[PASS]}/{c[FAIL]}/{c[ERROR]}"
-            if c[FAIL] or c[ERROR]:
-                cell = f"**{cell}**"
-            if c[CPU_ERROR]:
-                cell += f" +{c[CPU_ERROR]} cpu"
-            if c[NO_GRAD]:
-                cell += f" +{c[NO_GRAD]} no-grad"
+            cell = sections.cell(by_cell.get((key, dtype, mode), []))
             if key in RANDOM_OPS:
                 cell += " (m)"
             cells.append(cell)
-        out.append(f"| `{_md(key)}` | " + " | ".join(cells) + " |")
+        out.append(f"| `{sections.md(key)}` | " + " | ".join(cells) + " |")
     out.append("")
 
     if full:
@@ -1398,130 +722,39 @@ def write_report(
             out.append(f"- `{key}`: CPU dtypes {', '.join(cpu) if cpu else 'none'}")
         out.append("")
 
-    cpu_errors = [r for r in results if r.status in (CPU_ERROR, NO_GRAD)]
-    out.append(
-        f"## Not counted: samples that raise on the CPU, backward without grads ({len(cpu_errors)})"
+    out += sections.not_counted_section(
+        results, "Not counted: samples that raise on the CPU, backward without grads", "ops"
     )
-    out.append("")
-    grouped_cpu: dict[str, list[Result]] = defaultdict(list)
-    for r in cpu_errors:
-        grouped_cpu[f"{r.status}: {r.reason[:120]}"].append(r)
-    if grouped_cpu:
-        out.append("| reason | samples | ops |")
-        out.append("|---|---:|---|")
-        for reason, rs in sorted(grouped_cpu.items(), key=lambda kv: -len(kv[1])):
-            names = ", ".join(sorted({f"{r.op} ({r.dtype} {r.mode})" for r in rs}))
-            out.append(f"| {_md(reason)} | {len(rs)} | {_md(names)} |")
-    else:
-        out.append("None.")
-    out.append("")
-    text = "\n".join(out)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return text
+    return sections.write_text(out, path)
 
 
 # ---------------------------------------------------------------------------------------------
 # Command line
 
+HARNESS = sweep.Harness(
+    module="torchneuron.tools.op_coverage",
+    what="OpInfo",
+    option="ops",
+    dtypes=list(DTYPES),
+    report="op_coverage.md",
+    table=ops_by_key,
+    fast=FAST_OPS,
+    units_for=units_for,
+    check_unit=check_unit,
+    write_report=lambda run, units, path, command, full: write_report(
+        run.results, units, path, command, run.elapsed, full, run.backend
+    ),
+    summary=_summary_rows,
+)
+
 
 def select_units(full: bool, ops: list[str] | None, dtypes: list[str] | None) -> list[Unit]:
-    table = ops_by_key()
-    if ops:
-        unknown = [k for k in ops if k not in table]
-        if unknown:
-            raise SystemExit(f"unknown OpInfo(s): {', '.join(unknown)}")
-        return [u for k in ops for u in units_for(table[k], dtypes)]
-    if full:
-        return [u for op in load_op_db() for u in units_for(op, dtypes)]
-    units = []
-    for key, wanted in FAST_OPS.items():
-        units += units_for(table[key], [d for d in wanted if dtypes is None or d in dtypes])
-    return units
-
-
-def _default_report_path() -> Path:
-    root = Path(__file__).resolve().parents[2]
-    return (
-        (root / "docs" / "op_coverage.md") if (root / "docs").is_dir() else Path("op_coverage.md")
-    )
+    """The units of `ops`, of every OpInfo (`full`), or of the fast subset."""
+    return HARNESS.select(full, ops, dtypes)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m torchneuron.tools.op_coverage",
-        description="Run PyTorch's OpInfo samples on neuron and on the CPU and compare.",
-    )
-    parser.add_argument(
-        "--full", action="store_true", help="every OpInfo (default: the fast subset)"
-    )
-    parser.add_argument("--ops", help="comma-separated OpInfo names (name or name.variant)")
-    parser.add_argument("--dtypes", help=f"comma-separated subset of {','.join(DTYPES)}")
-    parser.add_argument("--out", type=Path, help="markdown report (--full: docs/op_coverage.md)")
-    parser.add_argument("--json", type=Path, help="also write every sample's result as JSON")
-    parser.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
-    parser.add_argument("--timeout", type=float, default=180.0, help="seconds per sample")
-    parser.add_argument("--in-process", action="store_true", help="no workers (debugging)")
-    parser.add_argument(
-        "--from-json",
-        type=Path,
-        help="rewrite the report from a --json file of an earlier run (same --full/--ops/--dtypes)",
-    )
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.worker:
-        _worker_main()
-        return 0
-
-    dtypes = args.dtypes.split(",") if args.dtypes else None
-    units = select_units(args.full, args.ops.split(",") if args.ops else None, dtypes)
-    started = time.monotonic()
-    source, builds = source_state(), set()
-    if args.from_json is not None:
-        saved = json.loads(args.from_json.read_text())
-        if isinstance(saved, list):  # results only
-            saved = {"results": saved, "elapsed": 0.0}
-        results = [Result(**r) for r in saved["results"]]
-        elapsed = float(saved["elapsed"])
-        source = saved.get("source", "unknown")
-        builds = set(saved.get("builds", []))
-    elif args.in_process:
-        results = []
-        for unit in units:
-            results += list(check_unit(unit))
-        builds.add(build_id())
-    else:
-        results = sweep(units, jobs=args.jobs, timeout=args.timeout, builds=builds)
-    if args.from_json is None:
-        elapsed = time.monotonic() - started
-    backend = f"{source}; extension {', '.join(sorted(builds)) or 'unknown'}"
-    if len(builds) > 1:
-        backend += " (the backend was rebuilt during the run: the results mix these builds)"
-
-    out = args.out if args.out is not None else (_default_report_path() if args.full else None)
-    command = "python -m torchneuron.tools.op_coverage" + (" --full" if args.full else "")
-    if args.ops:
-        command += f" --ops {args.ops}"
-    if args.dtypes:
-        command += f" --dtypes {args.dtypes}"
-    write_report(results, units, out, command, elapsed, full=args.full, backend=backend)
-    if args.json is not None:
-        saved = {
-            "elapsed": elapsed,
-            "source": source,
-            "builds": sorted(builds),
-            "results": [dataclasses.asdict(r) for r in results],
-        }
-        args.json.write_text(json.dumps(saved, indent=0))
-    print("\n".join(_summary_rows(results)))
-    for r in results:
-        if r.status in (FAIL, ERROR):
-            print(r.line())
-    if out is not None:
-        print(f"report: {out}")
-    counts = _counts(results)
-    return 0 if counts[FAIL] == 0 and counts[ERROR] == 0 else 1
+    return sweep.main(HARNESS, argv)
 
 
 if __name__ == "__main__":
