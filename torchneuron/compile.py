@@ -35,7 +35,14 @@ import torch
 import torch.fx
 
 from . import _C
-from .neff_cache import NeffCache, NeffCacheWarning, cache_dir
+from .cache_trust import make_private_dirs
+from .neff_cache import (
+    INDUCTOR_SUBDIR,
+    NeffCache,
+    NeffCacheSecurityError,
+    NeffCacheWarning,
+    cache_dir,
+)
 
 log = logging.getLogger("torchneuron.compile")
 
@@ -238,8 +245,10 @@ def neff_cache() -> NeffCache:
     global _cache
     with _cache_guard:
         if _cache is None or _cache.root != cache_dir():
-            _cache = NeffCache()
-            _keep_inductor_kernels_beside(_cache.root)
+            cache = NeffCache()
+            cache.check_root()  # refuses a directory others can write, before anything runs
+            _keep_inductor_kernels_beside(cache.root)
+            _cache = cache
         return _cache
 
 
@@ -266,7 +275,8 @@ def _keep_inductor_kernels_beside(root: Path) -> None:
 
     current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if current is None or current == default_cache_dir():
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor")
+        make_private_dirs(root / INDUCTOR_SUBDIR)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / INDUCTOR_SUBDIR)
 
 
 def _graph_key(
@@ -443,6 +453,8 @@ def _compile_host_graph(
         if isinstance(source, str) and not holds_values:  # the source alone reproduces it
             try:
                 cache.put(key, source.encode())
+            except NeffCacheSecurityError:
+                raise
             except OSError as error:
                 warnings.warn(
                     f"neuron compile cache: cannot write under {cache.root} ({error}); the "
