@@ -13,7 +13,8 @@ the CPU (float32, eval), deep-copies it to ``neuron`` and checks:
     - *eager*: ``disable_compile=True``;
     - *compiled*: the default, what users get: on a neuron device a static cache makes
       Transformers compile the forward with backend "neuron" (into a cache directory fresh
-      for the run). This costs a compile per architecture (tens of seconds), so
+      for the run). This costs a compile per architecture (measured: 8-81 s, 31 s on
+      average, on 2 shared cores; about 95 min for all 185 static-cache architectures), so
       ``--compiled`` chooses the architectures it runs for (all by default).
     Only when the architecture cannot generate with a static cache on the CPU either does the
     eager check use the model's default cache (on both devices; the row says so); the compiled
