@@ -9,11 +9,16 @@ the CPU (float32, eval), deep-copies it to ``neuron`` and checks:
 (a) fp32 forward logits on fixed ``input_ids`` (batch 2, sequence 12):
     ``torch.allclose(neuron, cpu, atol=1e-4, rtol=1e-4)``.
 (b) greedy ``generate`` of 8 new tokens with ``cache_implementation="static"``: identical
-    tokens. Only when the architecture cannot generate with a static cache on the CPU either
-    does the check use the model's default cache (on both devices; the row says so). The
-    sweep passes ``disable_compile=True`` (the static cache would otherwise make Transformers
-    compile the forward on neuron, which costs seconds per architecture); ``--compile``
-    uses the default (compiled on neuron) path.
+    tokens to the CPU's eager generation, twice on neuron:
+    - *eager*: ``disable_compile=True``;
+    - *compiled*: the default, what users get: on a neuron device a static cache makes
+      Transformers compile the forward with backend "neuron" (into a cache directory fresh
+      for the run). This costs a compile per architecture (measured: 8-81 s, 31 s on
+      average, on 2 shared cores; about 95 min for all 185 static-cache architectures), so
+      ``--compiled`` chooses the architectures it runs for (all by default).
+    Only when the architecture cannot generate with a static cache on the CPU either does the
+    eager check use the model's default cache (on both devices; the row says so); the compiled
+    check is then not applicable (Transformers compiles only static caches).
 (c) bf16 forward (the fp32 model cast with ``.to(torch.bfloat16)`` on each device) against
     CPU bf16: ``torch.allclose(neuron, cpu, atol=2e-2, rtol=2e-2)`` on the logits. bfloat16
     keeps 8 significant bits (unit roundoff 2**-8 = 3.9e-3), so an equally valid but
@@ -38,10 +43,13 @@ replaced.
     python benchmarks/hf_arch_coverage.py                 # all; writes docs/hf_coverage.md
     python benchmarks/hf_arch_coverage.py --only llama    # one (or a comma list)
     python benchmarks/hf_arch_coverage.py --limit 10      # the first 10 architectures
+    python benchmarks/hf_arch_coverage.py --compiled none # eager generation only (minutes)
+    python benchmarks/hf_arch_coverage.py --compiled llama,afmoe  # compiled only for these
 
 ``--only``/``--limit`` runs print to stdout and write a report only with ``--report PATH``.
 The last line of stdout and of the report is the share of CPU-working architectures that pass
-all three checks on ``neuron``.
+all three checks on ``neuron`` (fp32, eager generate, bf16), then how many of those run
+compiled generate the same tokens.
 """
 
 from __future__ import annotations
@@ -56,6 +64,7 @@ import json
 import os
 import platform
 import queue
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -699,7 +708,7 @@ def _generate(model, ids, static: bool, compile_path: bool):
     return out.detach()
 
 
-def _cpu_reference(model_type: str, name: str, variant: tuple, compile_path: bool) -> dict:
+def _cpu_reference(model_type: str, name: str, variant: tuple) -> dict:
     """Builds the model for `variant` and runs the three CPU references."""
     import torch
 
@@ -725,12 +734,12 @@ def _cpu_reference(model_type: str, name: str, variant: tuple, compile_path: boo
         return ref
     _stage(name, "cpu generate")
     try:
-        ref["generate"] = _generate(model, ids, static=True, compile_path=compile_path)
+        ref["generate"] = _generate(model, ids, static=True, compile_path=False)
         ref["static"] = True
     except Exception as exc:  # noqa: BLE001
         ref["static_error"] = _short(exc) + f" [{_where(exc)}]"
         try:
-            ref["generate"] = _generate(model, ids, static=False, compile_path=compile_path)
+            ref["generate"] = _generate(model, ids, static=False, compile_path=False)
             ref["static"] = False
         except Exception as exc2:  # noqa: BLE001
             ref["errors"]["generate"] = (
@@ -769,7 +778,35 @@ def _compare(got, expected, tol: dict) -> dict:
     return res
 
 
-def run_architecture(model_type: str, compile_path: bool, cpu_only: bool) -> dict:
+def _same_tokens(got, expected) -> dict:
+    import torch
+
+    if got.device.type != "neuron":
+        return {"ok": False, "reason": f"output on {got.device}"}
+    got = got.cpu()
+    if got.shape == expected.shape and torch.equal(got, expected):
+        return {"ok": True}
+    return {
+        "ok": False,
+        "reason": f"tokens differ: neuron {got[:, SEQ:].tolist()} cpu {expected[:, SEQ:].tolist()}",
+    }
+
+
+def _compiled_generate_check(dev, dev_ids, expected) -> dict:
+    """Generation the default way (Transformers compiles a static cache's forward on neuron)."""
+    import torch
+
+    torch._dynamo.reset()
+    torch.neuron.reset_dynamo_metrics()
+    got = _generate(dev, dev_ids, static=True, compile_path=True)
+    check = _same_tokens(got, expected)
+    check["graphs"] = torch.neuron.get_dynamo_metrics()["host_graphs"]
+    if check["ok"] and not check["graphs"]:
+        check["reason"] = "Transformers did not compile"
+    return check
+
+
+def run_architecture(model_type: str, compiled: bool, cpu_only: bool) -> dict:
     """Everything for one architecture; returns a JSON-able result."""
     import torch
 
@@ -785,7 +822,7 @@ def run_architecture(model_type: str, compile_path: bool, cpu_only: bool) -> dic
     fallback = None
     attempts = []
     for variant in VARIANTS:
-        candidate = _cpu_reference(model_type, model_type, variant, compile_path)
+        candidate = _cpu_reference(model_type, model_type, variant)
         attempts.append((variant[0], dict(candidate["errors"])))
         if not candidate["errors"] and candidate.get("static"):
             ref = candidate
@@ -817,9 +854,10 @@ def run_architecture(model_type: str, compile_path: bool, cpu_only: bool) -> dic
         dev = copy.deepcopy(model).to("neuron")
     except Exception as exc:  # noqa: BLE001
         reason = "model.to('neuron'): " + _short(exc) + f" [{_where(exc)}]"
-        result["checks"] = {
-            k: {"ok": False, "reason": reason} for k in ("fp32", "generate", "bf16")
-        }
+        keys = ["fp32", "generate", "bf16"]
+        if compiled and ref.get("static"):
+            keys.append("compiled")
+        result["checks"] = {k: {"ok": False, "reason": reason} for k in keys}
         result["seconds"] = round(time.time() - t0, 1)
         return result
     dev_ids = ids.to("neuron")
@@ -833,20 +871,17 @@ def run_architecture(model_type: str, compile_path: bool, cpu_only: bool) -> dic
     if "generate" in ref:
         _stage(model_type, "neuron generate")
         try:
-            got = _generate(dev, dev_ids, static=ref["static"], compile_path=compile_path)
-            if got.device.type != "neuron":
-                checks["generate"] = {"ok": False, "reason": f"output on {got.device}"}
-            else:
-                got = got.cpu()
-                same = got.shape == ref["generate"].shape and torch.equal(got, ref["generate"])
-                checks["generate"] = {"ok": bool(same)}
-                if not same:
-                    checks["generate"]["reason"] = (
-                        f"tokens differ: neuron {got[:, SEQ:].tolist()} "
-                        f"cpu {ref['generate'][:, SEQ:].tolist()}"
-                    )
+            got = _generate(dev, dev_ids, static=ref["static"], compile_path=False)
+            checks["generate"] = _same_tokens(got, ref["generate"])
         except Exception as exc:  # noqa: BLE001
             checks["generate"] = {"ok": False, "reason": _short(exc) + f" [{_where(exc)}]"}
+    # (b') the same, the default way: compiled (before bf16, which casts `dev` in place)
+    if "generate" in ref and compiled and ref.get("static"):
+        _stage(model_type, "neuron compiled generate")
+        try:
+            checks["compiled"] = _compiled_generate_check(dev, dev_ids, ref["generate"])
+        except Exception as exc:  # noqa: BLE001
+            checks["compiled"] = {"ok": False, "reason": _short(exc) + f" [{_where(exc)}]"}
     # (c) bf16 forward: the neuron model cast on the device
     if "bf16" in ref:
         _stage(model_type, "neuron bf16 forward")
@@ -884,11 +919,11 @@ def worker_main(args) -> None:
     hf_logging.set_verbosity_error()
     print(READY_TAG, flush=True)
     for line in sys.stdin:
-        name = line.strip()
+        name, _, compiled = line.strip().partition(" ")
         if not name:
             continue
         try:
-            result = run_architecture(name, args.compile, args.cpu_only)
+            result = run_architecture(name, compiled == "compiled", args.cpu_only)
         except Exception as exc:  # noqa: BLE001
             result = {"arch": name, "cpu_ok": False, "cpu_errors": {"harness": _short(exc)}}
         try:
@@ -917,8 +952,6 @@ class Worker:
             "--threads",
             str(args.threads),
         ]
-        if args.compile:
-            cmd.append("--compile")
         env = dict(os.environ)
         env["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "1"
         if cpu_only:
@@ -965,9 +998,9 @@ class Worker:
             elif line.startswith(tag):
                 return line[len(tag) :]
 
-    def submit(self, name: str) -> None:
+    def submit(self, name: str, compiled: bool) -> None:
         self.stage = f"{name} queued"
-        self.proc.stdin.write(name + "\n")
+        self.proc.stdin.write(name + (" compiled" if compiled else "") + "\n")
         self.proc.stdin.flush()
         self.served += 1
 
@@ -1020,11 +1053,12 @@ class Runner:
                 time.sleep(30)
         return self.worker
 
-    def run(self, name: str) -> dict:
+    def run(self, name: str, compiled: bool = False) -> dict:
+        timeout = self.args.timeout + (self.args.compile_timeout if compiled else 0.0)
         for attempt in range(2):
             w = self._ensure()
-            w.submit(name)
-            payload = w.wait_for(RESULT_TAG, self.args.timeout)
+            w.submit(name, compiled)
+            payload = w.wait_for(RESULT_TAG, timeout)
             if payload not in ("timeout", "exit", None):
                 return json.loads(payload)
             stage = w.stage
@@ -1035,7 +1069,7 @@ class Runner:
                     "arch": name,
                     "cpu_ok": None,
                     "timeout": True,
-                    "harness_error": f"time limit {self.args.timeout:.0f} s hit during '{stage}'",
+                    "harness_error": f"time limit {timeout:.0f} s hit during '{stage}'",
                 }
             code = w.proc.wait()
             tail = w.stderr_tail()
@@ -1059,10 +1093,17 @@ class Runner:
 def check_cell(result: dict, key: str) -> str:
     check = (result.get("checks") or {}).get(key)
     if check is None:
+        if key == "compiled":
+            if result.get("static") is False:
+                return "n/a (default cache)"
+            return "not run" if "compiled_requested" not in result else "n/a"
         return "n/a"
     if check["ok"]:
         if key == "generate":
             return "pass" if result.get("static") else "pass (default cache)"
+        if key == "compiled":
+            graphs = check.get("graphs", 0)
+            return f"pass ({graphs} graphs)" if graphs else "pass (**not compiled**)"
         return f"pass ({check.get('max_abs_diff', 0):.1e})"
     return "**FAIL**"
 
@@ -1078,7 +1119,7 @@ def counted(result: dict) -> bool:
 
 
 def failure_reasons(result: dict) -> dict[str, str]:
-    """check -> reason, for the checks that did not pass on neuron."""
+    """check -> reason, for the checks that did not pass on neuron (compiled: if run)."""
     out = {}
     for key in ("fp32", "generate", "bf16"):
         c = (result.get("checks") or {}).get(key)
@@ -1086,7 +1127,22 @@ def failure_reasons(result: dict) -> dict[str, str]:
             out[key] = f"not run ({result.get('harness_error', 'no result')})"
         elif not c["ok"]:
             out[key] = c.get("reason", "")
+    compiled = (result.get("checks") or {}).get("compiled")
+    if compiled is not None and not compiled["ok"]:
+        out["compiled"] = compiled.get("reason", "")
     return out
+
+
+def compiled_counts(results: list[dict]) -> tuple[int, int, int, int]:
+    """(run, passed, not applicable, not run) of the compiled-generation check."""
+    working = [r for r in results if counted(r)]
+    ran = [r for r in working if "compiled" in (r.get("checks") or {})]
+    passed = [r for r in ran if r["checks"]["compiled"]["ok"]]
+    not_applicable = [
+        r for r in working if r.get("compiled_requested") and r.get("static") is False
+    ]
+    not_run = len(working) - len(ran) - len(not_applicable)
+    return len(ran), len(passed), len(not_applicable), not_run
 
 
 def root_cause(key: str, reason: str) -> str:
@@ -1106,9 +1162,12 @@ def headline(results: list[dict]) -> tuple[str, int, int]:
     working = [r for r in results if counted(r)]
     passing = [r for r in working if passes_all(r)]
     pct = 100.0 * len(passing) / len(working) if working else 0.0
+    ran, passed, not_applicable, not_run = compiled_counts(results)
     line = (
         f"{pct:.1f}% of CPU-working architectures pass all three checks on neuron "
-        f"({len(passing)}/{len(working)}; {len(results)} architectures in the mapping)"
+        f"({len(passing)}/{len(working)}; {len(results)} architectures in the mapping); "
+        f"default compiled generation: {passed}/{ran} pass ({not_applicable} not applicable: "
+        f"no static cache; {not_run} not run)"
     )
     return line, len(working), len(passing)
 
@@ -1143,11 +1202,21 @@ def write_report(path: str, results: list[dict], args, elapsed: float) -> None:
         f"- **fp32**: forward logits, `allclose(atol={FP32_TOL['atol']}, "
         f"rtol={FP32_TOL['rtol']})` (cell: max |diff|)."
     )
-    gen_mode = "default compiled path" if args.compile else "`disable_compile=True`"
     out.append(
-        f'- **generate**: greedy, {NEW_TOKENS} new tokens, `cache_implementation="static"` '
-        f"({gen_mode}), identical tokens. *default cache* marks the architectures whose "
-        "static-cache generation fails on the CPU too (reason in the notes)."
+        f'- **generate**: greedy, {NEW_TOKENS} new tokens, `cache_implementation="static"`, '
+        "identical tokens to the CPU's eager generation. Two checks on neuron: *eager* "
+        "(`disable_compile=True`) and *compiled*: the default path, where Transformers "
+        'compiles the forward with backend "neuron" (cell: graphs compiled; cache directory '
+        "fresh for the run). *default cache* marks the architectures whose static-cache "
+        "generation fails on the CPU too (reason in the notes); Transformers does not "
+        "compile those. Compiled generation was run for: "
+        + (
+            "every CPU-working architecture with a static cache."
+            if args.compiled == "all"
+            else "none."
+            if args.compiled == "none"
+            else f"`{args.compiled}` (other rows: not run)."
+        )
     )
     out.append(
         f"- **bf16**: the model cast to bfloat16 on each device, logits `allclose(atol="
@@ -1157,15 +1226,21 @@ def write_report(path: str, results: list[dict], args, elapsed: float) -> None:
         "1.6e-2). Kernel bugs show as errors of order 1."
     )
     out.append("")
+    ran, passed, not_applicable, not_run = compiled_counts(results)
     out.append(
         f"**{len(results)} architectures; {n_working} work on the CPU; {n_passing} pass all "
-        f"three checks on neuron; {len(apart)} not counted (fail on the CPU too).**"
+        f"three checks on neuron (eager generation); {len(apart)} not counted (fail on the "
+        f"CPU too). Default compiled generation: {passed} of {ran} run pass; "
+        f"{not_applicable} not applicable (no static cache); {not_run} not run.**"
     )
     out.append("")
     out.append("## CPU-working architectures")
     out.append("")
-    out.append("| architecture | class | CPU | fp32 | generate | bf16 | config | failures |")
-    out.append("|---|---|---|---|---|---|---|---|")
+    out.append(
+        "| architecture | class | CPU | fp32 | generate (eager) | generate (compiled) | bf16 | "
+        "config | failures |"
+    )
+    out.append("|---|---|---|---|---|---|---|---|---|")
     for r in working:
         reasons = failure_reasons(r)
         if len(reasons) == 3 and len(set(reasons.values())) == 1:
@@ -1190,7 +1265,8 @@ def write_report(path: str, results: list[dict], args, elapsed: float) -> None:
             cpu = "**fails only with torchneuron**"
         out.append(
             f"| {r['arch']} | {r.get('class', '')} | {cpu} | {check_cell(r, 'fp32')} | "
-            f"{check_cell(r, 'generate')} | {check_cell(r, 'bf16')} | {md_escape(cfg)} | "
+            f"{check_cell(r, 'generate')} | {check_cell(r, 'compiled')} | "
+            f"{check_cell(r, 'bf16')} | {md_escape(cfg)} | "
             f"{md_escape('; '.join(fails))} |"
         )
     out.append("")
@@ -1266,11 +1342,13 @@ def summary_line(r: dict) -> str:
         errs = "; ".join(f"{k}: {v}" for k, v in (r.get("cpu_errors") or {}).items())
         return f"{r['arch']:28s} CPU-FAIL {errs[:150]}"
     cells = " ".join(
-        f"{k}={check_cell(r, k).replace('**', '')}" for k in ("fp32", "generate", "bf16")
+        f"{k}={check_cell(r, k).replace('**', '')}"
+        for k in ("fp32", "generate", "compiled", "bf16")
     )
-    status = "PASS" if passes_all(r) else "FAIL"
+    compiled_ok = (r.get("checks") or {}).get("compiled", {"ok": True})["ok"]
+    status = "PASS" if passes_all(r) and compiled_ok else "FAIL"
     extra = ""
-    if not passes_all(r):
+    if status == "FAIL":
         extra = " | " + "; ".join(
             f"{k}: {c.get('reason', '')[:120]}"
             for k, c in (r.get("checks") or {}).items()
@@ -1284,12 +1362,19 @@ def main() -> None:
     p.add_argument("--only", help="architecture name(s), comma-separated (mapping keys)")
     p.add_argument("--limit", type=int, help="only the first N architectures")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per architecture")
+    p.add_argument(
+        "--compile-timeout",
+        type=float,
+        default=900.0,
+        help="extra seconds for an architecture whose generation is also compiled",
+    )
     p.add_argument("--threads", type=int, default=1, help="intra-op threads per worker")
     p.add_argument("--recycle", type=int, default=20, help="architectures per worker process")
     p.add_argument(
-        "--compile",
-        action="store_true",
-        help="generate through the default (compiled on neuron) path",
+        "--compiled",
+        default="all",
+        help="architectures whose generation is also run the default (compiled) way: "
+        "'all' (default), 'none', or a comma list",
     )
     p.add_argument("--report", help="report path (default docs/hf_coverage.md for full runs)")
     p.add_argument("--json", help="also write the raw results as JSON here")
@@ -1313,19 +1398,32 @@ def main() -> None:
     if args.limit:
         names = names[: args.limit]
     report = args.report or (REPORT if not args.only and not args.limit else None)
+    if args.compiled in ("all", "none"):
+        compiled = set(names) if args.compiled == "all" else set()
+    else:
+        compiled = {n.strip() for n in args.compiled.split(",") if n.strip()}
+        unknown = sorted(compiled - set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES))
+        if unknown:
+            p.error(f"--compiled: not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES: {', '.join(unknown)}")
 
     log_dir = tempfile.mkdtemp(prefix="hf_coverage_")
+    # compiled generation starts from an empty compile cache, as a new user's would
+    os.environ["TORCH_NEURONX_NEFF_CACHE_DIR"] = os.path.join(log_dir, "neff_cache")
+    os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
     print(f"[coverage] {len(names)} architectures; worker logs in {log_dir}", flush=True)
     start = time.time()
     results: list[dict] = []
     runner = Runner(args, cpu_only=False, log_dir=log_dir)
     try:
         for i, name in enumerate(names):
-            r = runner.run(name)
+            r = runner.run(name, compiled=name in compiled)
+            if name in compiled:
+                r["compiled_requested"] = True
             results.append(r)
             print(f"[{i + 1:3d}/{len(names)}] {summary_line(r)}", flush=True)
     finally:
         runner.close()
+        shutil.rmtree(os.environ["TORCH_NEURONX_NEFF_CACHE_DIR"], ignore_errors=True)
     # CPU failures: confirm without torchneuron loaded
     # CPU failures, timeouts and crashes: the CPU reference alone, without torchneuron
     failing = [r for r in results if not r.get("cpu_ok")]

@@ -76,7 +76,7 @@ def test_lock_excludes_and_times_out_with_a_warning(tmp_path):
     with cache.lock(KEY, timeout=5) as held:
         assert held
         lock_file = cache.path_for(KEY).with_suffix(".lock")
-        assert f"pid {os.getpid()}" in lock_file.read_text()
+        assert json.loads(lock_file.read_text())["pid"] == os.getpid()
         start = time.monotonic()
         with pytest.warns(NeffCacheWarning, match="stale"), cache.lock(KEY, timeout=0.2) as again:
             assert again is False

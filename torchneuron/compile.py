@@ -35,7 +35,14 @@ import torch
 import torch.fx
 
 from . import _C
-from .neff_cache import NeffCache, NeffCacheWarning, cache_dir
+from .cache_trust import make_private_dirs
+from .neff_cache import (
+    INDUCTOR_SUBDIR,
+    NeffCache,
+    NeffCacheSecurityError,
+    NeffCacheWarning,
+    cache_dir,
+)
 
 log = logging.getLogger("torchneuron.compile")
 
@@ -238,8 +245,10 @@ def neff_cache() -> NeffCache:
     global _cache
     with _cache_guard:
         if _cache is None or _cache.root != cache_dir():
-            _cache = NeffCache()
-            _keep_inductor_kernels_beside(_cache.root)
+            cache = NeffCache()
+            cache.check_root()  # refuses a directory others can write, before anything runs
+            _keep_inductor_kernels_beside(cache.root)
+            _cache = cache
         return _cache
 
 
@@ -266,13 +275,19 @@ def _keep_inductor_kernels_beside(root: Path) -> None:
 
     current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if current is None or current == default_cache_dir():
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / "inductor")
+        make_private_dirs(root / INDUCTOR_SUBDIR)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / INDUCTOR_SUBDIR)
 
 
-def _graph_key(gm: torch.fx.GraphModule, inputs: Sequence[Any], kwargs: dict[str, Any]) -> str:
-    """SHA-256 of what the generated code depends on: graph, input layouts, versions, ISA."""
+def _graph_key(
+    gm: torch.fx.GraphModule, inputs: Sequence[Any], kwargs: dict[str, Any]
+) -> str | None:
+    """SHA-256 of what the generated code depends on: graph, input layouts, constants' values,
+    versions, ISA. None when a constant's value cannot be read (the graph is then not cached).
+    """
     from torch._inductor import config as inductor_config
     from torch._inductor.cpu_vec_isa import pick_vec_isa
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     h = hashlib.sha256()
 
@@ -281,7 +296,7 @@ def _graph_key(gm: torch.fx.GraphModule, inputs: Sequence[Any], kwargs: dict[str
             h.update(repr(part).encode())
             h.update(b"\0")
 
-    add("torchneuron-host-graph", 1, torch.__version__, _package_version())
+    add("torchneuron-host-graph", 2, torch.__version__, _package_version())
     add(torch.backends.cpu.get_cpu_capability(), str(pick_vec_isa()))
     add(gm.code)
     for value in inputs:
@@ -289,12 +304,70 @@ def _graph_key(gm: torch.fx.GraphModule, inputs: Sequence[Any], kwargs: dict[str
             add("tensor", tuple(value.shape), value.stride(), value.dtype, value.device.type)
         else:
             add(type(value).__name__, value)
-    for name, value in sorted(gm.named_buffers()) + sorted(gm.named_parameters()):
-        add(name, tuple(value.shape), value.dtype)
-        h.update(value.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    # Inductor calls its inner compile inside the graph's FakeTensorMode: reading a real
+    # constant's bytes there would make a fake copy of it.
+    with unset_fake_temporarily():
+        for name, value in sorted(gm.named_buffers()) + sorted(gm.named_parameters()):
+            found = _constant_value(value)
+            if found is None:
+                log.info(
+                    "neuron: graph constant %s (%s) has no readable value; the graph is "
+                    "compiled but not cached",
+                    name,
+                    type(value).__name__,
+                )
+                return None
+            kind, data = found
+            add(name, kind, tuple(value.shape), value.stride(), value.dtype)
+            h.update(data)
     add(sorted((k, repr(kwargs.get(k))) for k in _KEY_KWARGS))
     add(sorted((k, repr(v)) for k, v in inductor_config.save_config_portable().items()))
     return h.hexdigest()
+
+
+def _plain_constant(value: torch.Tensor) -> torch.Tensor | None:
+    """The tensor holding a graph constant's value, unwrapped; None if the value is unknown.
+
+    Fake tensors hold a value only when FakeTensorMode kept the real one (``.constant``);
+    functional tensors wrap theirs; wrapper subclasses (DTensor, ...) are defined by inner
+    tensors plus metadata this key cannot capture, so they are not cacheable.
+    """
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch._subclasses.functional_tensor import FunctionalTensor
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if isinstance(value, FakeTensor):
+        return None if value.constant is None else _plain_constant(value.constant)
+    if isinstance(value, FunctionalTensor):
+        return _plain_constant(value.from_functional())
+    if torch._is_functional_tensor(value):
+        torch._sync(value)
+        return _plain_constant(torch._from_functional_tensor(value))
+    if is_traceable_wrapper_subclass(value):
+        return None
+    return value
+
+
+def _constant_value(value: torch.Tensor) -> tuple[str, bytes] | None:
+    """(type name, row-major bytes) of a graph constant, or None if they cannot be read.
+
+    Any tensor subclass other than the wrappers above is read through a plain view of its
+    own data; its type name stays in the key.
+    """
+    try:
+        inner = _plain_constant(value)
+        if inner is None:
+            return None
+        plain_types = (torch.Tensor, torch.nn.Parameter)
+        kind = "Tensor" if type(inner) in plain_types else type(inner).__qualname__
+        plain = inner.detach().as_subclass(torch.Tensor)
+        if plain.layout != torch.strided or plain.is_meta or plain.is_quantized:
+            return None
+        data = plain.cpu().resolve_conj().resolve_neg().contiguous().reshape(-1)
+        return kind, data.view(torch.uint8).numpy().tobytes()
+    except (RuntimeError, TypeError, NotImplementedError) as error:
+        log.debug("neuron: cannot read the bytes of a %s constant: %s", type(value), error)
+        return None
 
 
 def _package_version() -> str:
@@ -308,6 +381,15 @@ def _package_version() -> str:
 
 def _constants_to_host(gm: torch.fx.GraphModule) -> None:
     """Tensors the graph holds as attributes become host tensors (the code reads them there)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    # Inductor runs this inside the graph's FakeTensorMode; a copy made there would be a fake
+    # tensor that has lost the constant's value.
+    with unset_fake_temporarily():
+        _copy_constants_to_host(gm)
+
+
+def _copy_constants_to_host(gm: torch.fx.GraphModule) -> None:
     for name, value in list(gm.named_buffers()) + list(gm.named_parameters()):
         if value.device.type == _NEURON:
             owner, _, attr = name.rpartition(".")
@@ -340,6 +422,9 @@ def _compile_host_graph(
 
     cache = neff_cache()
     key = _graph_key(gm, host_inputs, kwargs)
+    if key is None:  # a constant whose value the key cannot hold: compile, keep nothing
+        with torch._inductor.config.patch(fx_graph_cache=False):
+            return compile_fx_inner(gm, host_inputs, **kwargs)
     with cache.lock(key):
         payload = cache.get(key)
         if payload is not None:
@@ -368,6 +453,8 @@ def _compile_host_graph(
         if isinstance(source, str) and not holds_values:  # the source alone reproduces it
             try:
                 cache.put(key, source.encode())
+            except NeffCacheSecurityError:
+                raise
             except OSError as error:
                 warnings.warn(
                     f"neuron compile cache: cannot write under {cache.root} ({error}); the "
