@@ -15,9 +15,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torchneuron.tools import op_coverage
+from torchneuron.tools import conformance
 
-op_coverage._ensure_expecttest()  # PyTorch's test helpers import it; not installed here
+conformance.ensure_expecttest()  # PyTorch's test helpers import it; not installed here
 from torch.testing._internal.autocast_test_lists import AutocastTestLists  # noqa: E402
 
 LOW = [torch.float16, torch.bfloat16]
