@@ -37,6 +37,9 @@ def _register() -> None:
     from . import tensor_sharing
 
     tensor_sharing.install()  # neuron tensors through torch.multiprocessing, share_memory_()
+    from . import autograd_exit
+
+    autograd_exit.install()  # no abort at exit right after a backward on neuron
     _registered = True
 
 
