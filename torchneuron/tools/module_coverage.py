@@ -113,19 +113,19 @@ KNOWN_CAUSES: list[sections.Cause] = [
     (
         r"nn\.RNN",
         r"^grad\['weight_ih_l\d+(_reverse)?'\]: .*not close",
-        "PyTorch policy, not a backend bug: RNN layers pre-compute the input projections of "
-        "the whole sequence in one matmul only when inputs.device().is_cpu() (FullLayer in "
+        "PyTorch policy (resolved in 132d3d7): RNN layers pre-compute the input projections "
+        "of the whole sequence in one matmul only when inputs.device().is_cpu() (FullLayer in "
         "aten/src/ATen/native/RNN.cpp); on other devices each time step has its own addmm, so "
-        "weight_ih's gradient is summed in another order: float32 within tolerance, bfloat16 "
-        "off by a few units in the last place in a few elements (forward bitwise equal)",
+        "weight_ih's gradient was summed in another order (bfloat16 off by a few units in the "
+        "last place); neuron now registers the RNN layers and runs the CPU's path",
     ),
     (
         r"nn\.(RNN|GRU|LSTM)(Cell)?",
         r"_thnn_fused_(gru|lstm)_cell|_thnn_fused|rnn",
-        "pending (fixed on branch rnn, to be merged): fused RNN cell kernels missing on "
+        "backend gap (fixed in 132d3d7): fused RNN cell kernels were missing on "
         "PrivateUse1: for a non-CPU input PyTorch's RNN cells call _thnn_fused_lstm_cell / "
         "_thnn_fused_gru_cell, which have CUDA kernels only, so the host-kernel fallback finds "
-        "no CPU kernel",
+        "no CPU kernel; neuron now registers the cells and layers with the CPU's path",
     ),
 ]
 
@@ -163,6 +163,11 @@ FAST_MODULES: dict[str, tuple[str, ...]] = {
     "nn.NLLLoss": ("float32",),
     "nn.MSELoss": ("float32",),
     "nn.BCEWithLogitsLoss": ("float32",),
+    "nn.LSTM": ("float32", "bfloat16"),
+    "nn.GRU": ("float32",),
+    "nn.RNN": ("bfloat16",),
+    "nn.LSTMCell": ("float32",),
+    "nn.GRUCell": ("float32",),
 }
 
 
