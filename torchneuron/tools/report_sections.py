@@ -169,3 +169,22 @@ def write_text(lines: list[str], path: Path | None) -> str:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     return text
+
+
+def quoted_summary(report: Path) -> list[str]:
+    """The summary table of another generated report (e.g. module_coverage.md), so that one
+    report also states the other's figures; empty if that report was never generated."""
+    if not report.exists():
+        return []
+    lines = report.read_text().splitlines()
+    try:
+        start = lines.index("## Summary") + 1
+    except ValueError:
+        return []
+    table = []
+    for line in lines[start:]:
+        if table and not line.startswith("|"):
+            break
+        if line.startswith("|"):
+            table.append(line)
+    return table
