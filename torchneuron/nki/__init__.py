@@ -15,7 +15,7 @@ from __future__ import annotations
 from . import isa, language, typing  # noqa: F401
 from .aliases import install_aliases  # noqa: F401
 from .errors import NkiCapacityError, NkiError, NkiUnsupportedError  # noqa: F401
-from .jit import Kernel, baremetal, jit, simulate, simulate_kernel  # noqa: F401
+from .launch import Kernel, baremetal, jit, simulate, simulate_kernel  # noqa: F401
 from .profile import current_profile  # noqa: F401
 from .tiles import Tile  # noqa: F401
 
