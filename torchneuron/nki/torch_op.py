@@ -65,7 +65,7 @@ def nki_op(
     import torch
 
     launch = kernel if isinstance(kernel, Kernel) else jit(kernel)
-    signature = inspect.signature(launch.fn)
+    signature = inspect.signature(launch.fn, eval_str=True)
     missing = [
         p.name for p in signature.parameters.values() if p.annotation is inspect.Parameter.empty
     ]
