@@ -68,17 +68,17 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     print(f"torch threads: {torch.get_num_threads()}")
-    print(
-        f"{'kernel':36} {'compiled ms':>12} {'interp ms':>10} {'eager ms':>9} {'compiled/eager':>15}"
-    )
+    header = ("kernel", "compiled ms", "interp ms", "eager ms", "compiled/eager")
+    print(f"{header[0]:36} {header[1]:>12} {header[2]:>10} {header[3]:>9} {header[4]:>15}")
     for name, kernel, inputs, eager in _cases():
         kernel(*inputs)  # trace + compile once
-        compiled = _best(lambda: kernel(*inputs), args.repeat)
-        interp = _best(lambda: kernel.interpret(*inputs), max(1, args.repeat // 2))
-        ref = _best(eager, args.repeat)
-        print(
-            f"{name:36} {compiled * 1e3:12.2f} {interp * 1e3:10.2f} {ref * 1e3:9.2f} {compiled / ref:15.2f}x"
+        compiled = _best(lambda kernel=kernel, inputs=inputs: kernel(*inputs), args.repeat)
+        interp = _best(
+            lambda kernel=kernel, inputs=inputs: kernel.interpret(*inputs), max(1, args.repeat // 2)
         )
+        ref = _best(eager, args.repeat)
+        ratio = compiled / ref
+        print(f"{name:36} {compiled * 1e3:12.2f} {interp * 1e3:10.2f} {ref * 1e3:9.2f} {ratio:15.2f}x")
 
 
 if __name__ == "__main__":
