@@ -78,7 +78,9 @@ def main() -> None:
         )
         ref = _best(eager, args.repeat)
         ratio = compiled / ref
-        print(f"{name:36} {compiled * 1e3:12.2f} {interp * 1e3:10.2f} {ref * 1e3:9.2f} {ratio:15.2f}x")
+        print(
+            f"{name:36} {compiled * 1e3:12.2f} {interp * 1e3:10.2f} {ref * 1e3:9.2f} {ratio:15.2f}x"
+        )
 
 
 if __name__ == "__main__":
