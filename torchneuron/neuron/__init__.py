@@ -61,7 +61,24 @@ from .tracking import (
     reset_dynamo_metrics,
 )
 
+
+def nki_op(name: str, kernel: object = None, **options: object) -> object:
+    """Registers an NKI kernel as a torch.library custom op (see torchneuron.nki.torch_op)."""
+    from ..nki.torch_op import nki_op as register
+
+    return register(name, kernel, **options)  # type: ignore[arg-type]
+
+
+def wrap_nki(kernel: object, name: str | None = None, **options: object) -> object:
+    """An NKI kernel as the custom op ``nki::<kernel name>`` (or `name`)."""
+    from ..nki.torch_op import wrap_nki as register
+
+    return register(kernel, name, **options)  # type: ignore[arg-type]
+
+
 __all__ = [
+    "nki_op",
+    "wrap_nki",
     "Event",
     "NeuronDeviceProperties",
     "Stream",

@@ -1,0 +1,38 @@
+"""NKI (the Neuron Kernel Interface) on the ``neuron`` device.
+
+Kernels written for Trainium run here by changing their import lines::
+
+    import torchneuron.nki as nki                # for neuronxcc.nki / nki
+    import torchneuron.nki.language as nl        # for neuronxcc.nki.language / nki.language
+    import torchneuron.nki.isa as nisa           # for neuronxcc.nki.isa / nki.isa
+
+or unchanged after ``torchneuron.nki.install_aliases()`` (which maps ``neuronxcc.nki`` and
+``nki`` to this package when they are not installed). See docs/nki.md.
+"""
+
+from __future__ import annotations
+
+from . import isa, language, typing  # noqa: F401
+from .aliases import install_aliases  # noqa: F401
+from .errors import NkiCapacityError, NkiError, NkiUnsupportedError  # noqa: F401
+from .launch import Kernel, baremetal, jit, simulate, simulate_kernel  # noqa: F401
+from .profile import current_profile  # noqa: F401
+from .tiles import Tile  # noqa: F401
+
+tensor = Tile  # annotation name kernels use (nki.tensor)
+
+__all__ = [
+    "Kernel",
+    "NkiCapacityError",
+    "NkiError",
+    "NkiUnsupportedError",
+    "Tile",
+    "baremetal",
+    "current_profile",
+    "install_aliases",
+    "isa",
+    "jit",
+    "language",
+    "simulate",
+    "simulate_kernel",
+]

@@ -1,0 +1,50 @@
+"""Opt-in import aliases: ``neuronxcc.nki`` and ``nki`` resolving to ``torchneuron.nki``.
+
+Only names that are not importable already are installed, so a real Neuron SDK install is
+never shadowed. Nothing is installed unless the user calls :func:`install_aliases`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+
+
+def _importable(name: str) -> bool:
+    if name in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def install_aliases(legacy: bool = True, new: bool = True) -> list[str]:
+    """Maps ``neuronxcc.nki[.language|.isa|.typing]`` (legacy) and ``nki[...]`` (new) to
+    this package where those packages are not installed. Returns the names installed."""
+    from . import __name__ as package_name
+    from . import isa, language, typing
+
+    package = sys.modules[package_name]
+    installed: list[str] = []
+    roots = []
+    if legacy:
+        roots.append("neuronxcc.nki")
+    if new:
+        roots.append("nki")
+    for root in roots:
+        top = root.split(".")[0]
+        if _importable(top):
+            continue
+        if root != top:
+            parent = types.ModuleType(top)
+            parent.__path__ = []  # a namespace for the alias only
+            sys.modules[top] = parent
+            setattr(parent, root.split(".")[1], package)
+            installed.append(top)
+        sys.modules[root] = package
+        for name, module in (("language", language), ("isa", isa), ("typing", typing)):
+            sys.modules[f"{root}.{name}"] = module
+        installed.append(root)
+    return installed

@@ -1,0 +1,248 @@
+"""The compiled path: a traced kernel turned into straight-line numpy code.
+
+The interpreter's run of a kernel for one input signature records every instruction
+(:class:`.runtime.Step`). Control flow, index expressions and shapes depend only on that
+signature (tile values cannot steer a kernel), so the recording *is* the program for every
+call with the same signature. This module emits it as one Python function of the input and
+output arrays:
+
+* on-chip tiles become preallocated scratch arrays; tiles whose lifetimes do not overlap
+  share one array (slot), so the working set stays cache-sized however long the kernel;
+* basic-indexed views of scratch are computed once, at build time;
+* elementwise instructions into float32 tiles run as numpy ufuncs writing in place
+  (``out=``), copies and DMAs as ``np.copyto``; the rest call the instruction's own
+  numpy body, the very function the interpreter ran;
+* checks (sizes, capacities, dtypes) already passed during the trace and are not repeated.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from . import dtypes
+from .runtime import Launch, Ref, Step, _identity
+from .tiles import resolve_keys
+
+
+class CompiledKernel:
+    """The generated function plus the scratch memory it owns (one call at a time)."""
+
+    def __init__(self, source: str, run: Callable[..., None], slots: int) -> None:
+        self.source = source
+        self._run = run
+        self.slots = slots
+        self._lock = threading.Lock()
+
+    def __call__(self, arrays: list[np.ndarray]) -> None:
+        with self._lock:
+            self._run(*arrays)
+
+
+def _generic_write(
+    view: np.ndarray, adv: Any, dtype: Any, values: Any, mask: Any, mode: str
+) -> None:
+    values = np.asarray(values)
+    shape = view.shape if adv is None else view[adv].shape
+    values = np.broadcast_to(values, shape)
+    if mode == "acc":
+        current = view if adv is None else view[adv]
+        values = current.astype(np.float32) + values
+    if dtypes.needs_rounding(dtype):
+        values = dtypes.round_to(values, dtype)
+    if mask is None:
+        if adv is None:
+            np.copyto(view, values, casting="unsafe")
+        else:
+            view[adv] = values
+        return
+    where = np.broadcast_to(np.asarray(mask, dtype=bool), shape)
+    if adv is None:
+        np.copyto(view, values, casting="unsafe", where=where)
+    elif all(isinstance(k, (int, np.ndarray)) for k in adv):
+        picked = tuple(
+            np.broadcast_to(k, shape)[where] if isinstance(k, np.ndarray) else k for k in adv
+        )
+        view[picked] = values[where]
+    else:
+        view[adv] = np.where(where, values, view[adv])
+
+
+class _Builder:
+    def __init__(self, launch: Launch, dtype_of: dict[int, Any]) -> None:
+        self.launch = launch
+        self.dtype_of = dtype_of  # sid -> NKI dtype
+        self.names: dict[str, Any] = {"np": np, "_write": _generic_write}
+        self.counter = 0
+        self.lines: list[str] = []
+        self.slot_of: dict[int, np.ndarray] = {}
+
+    def const(self, value: Any, prefix: str = "C") -> str:
+        name = f"{prefix}{self.counter}"
+        self.counter += 1
+        self.names[name] = value
+        return name
+
+    # -- storage placement ---------------------------------------------------------------
+    def place_scratch(self, steps: list[Step]) -> int:
+        """Gives each scratch storage an array; storages alive at disjoint times share."""
+        first: dict[int, int] = {}
+        last: dict[int, int] = {}
+        for n, step in enumerate(steps):
+            for sid in _sids(step):
+                if self.launch.roles[sid][0] == "scratch":
+                    first.setdefault(sid, n)
+                    last[sid] = n
+        ends: dict[int, list[int]] = defaultdict(list)
+        for sid, n in last.items():
+            ends[n].append(sid)
+        free: dict[tuple[Any, ...], list[np.ndarray]] = defaultdict(list)
+        count = 0
+        for n, step in enumerate(steps):
+            for sid in _sids(step):
+                if first.get(sid) == n and sid not in self.slot_of:
+                    template = self.launch.arrays[sid]
+                    key = (template.shape, template.dtype.str)
+                    if free[key]:
+                        self.slot_of[sid] = free[key].pop()
+                    else:
+                        self.slot_of[sid] = np.zeros(template.shape, template.dtype)
+                        count += 1
+            for sid in ends.get(n, ()):
+                array = self.slot_of[sid]
+                free[(array.shape, array.dtype.str)].append(array)
+        return count
+
+    # -- expressions ---------------------------------------------------------------------
+    def base_view(self, ref: Ref) -> str:
+        role, index = self.launch.roles[ref.sid]
+        if role == "scratch":
+            view = resolve_keys(self.slot_of[ref.sid], ref.keys)
+            return self.const(view, "S")
+        expr = f"a{index}" if role == "input" else f"o{index}"
+        for key in ref.keys:
+            if isinstance(key, tuple) and len(key) == 2 and key[0] == "reshape":
+                expr = f"{expr}.reshape({key[1]!r})"
+            else:
+                expr = f"{expr}[{self.const(key, 'K')}]"
+        return expr
+
+    def read(self, ref: Ref) -> str:
+        view = self.base_view(ref)
+        return view if ref.adv is None else f"{view}[{self.const(ref.adv, 'K')}]"
+
+    def storage_dtype(self, ref: Ref) -> np.dtype:
+        return self.launch.arrays[ref.sid].dtype
+
+    # -- steps ---------------------------------------------------------------------------
+    def emit(self, step: Step, covered: set[int]) -> None:
+        if step.engine == "alloc":
+            sid = step.allocated
+            if sid is not None and sid not in covered:
+                self.lines.append(f"{self.const(self.slot_of[sid], 'S')}.fill(0)")
+            return
+        args = [self.read(x) if isinstance(x, Ref) else self.const(x) for x in step.ins]
+        if len(step.outs) == 1:
+            dst, mask, mode = step.outs[0]
+            simple = (
+                mask is None
+                and dst.adv is None
+                and not dtypes.needs_rounding(self.dtype_of[dst.sid])
+            )
+            if simple and self._emit_fast(step, args, dst, mode):
+                return
+        call = f"{self.const(step.fn, 'F')}({', '.join(args)})"
+        if len(step.outs) == 1:
+            self._emit_write(step.outs[0], call)
+            return
+        self.lines.append(f"r = {call}")
+        for n, out in enumerate(step.outs):
+            self._emit_write(out, f"r[{n}]")
+
+    def _emit_fast(self, step: Step, args: list[str], dst: Ref, mode: str) -> bool:
+        dst_view = self.base_view(dst)
+        if step.fn is _identity:
+            if mode == "acc":
+                self.lines.append(
+                    f"np.add({dst_view}, {args[0]}, out={dst_view}, casting='unsafe')"
+                )
+            else:
+                self.lines.append(f"np.copyto({dst_view}, {args[0]}, casting='unsafe')")
+            return True
+        ufunc = getattr(step.fn, "ufunc", None)
+        float_inputs = all(
+            self.storage_dtype(x) == np.float32
+            if isinstance(x, Ref)
+            else isinstance(x, (float, int))
+            for x in step.ins
+        )
+        if (
+            ufunc is not None
+            and mode == "set"
+            and float_inputs
+            and self.storage_dtype(dst) == np.float32
+            and ufunc.nout == 1
+            and not ufunc.__name__.startswith(("equal", "not_equal", "greater", "less", "logical"))
+        ):
+            self.lines.append(f"{self.const(ufunc, 'U')}({', '.join(args)}, out={dst_view})")
+            return True
+        return False
+
+    def _emit_write(self, out: tuple[Ref, Any, str], value: str) -> None:
+        dst, mask, mode = out
+        view = self.base_view(dst)
+        dtype = self.dtype_of[dst.sid]
+        if mask is None and dst.adv is None and mode == "set" and not dtypes.needs_rounding(dtype):
+            self.lines.append(f"np.copyto({view}, {value}, casting='unsafe')")
+            return
+        adv = self.const(dst.adv, "K") if dst.adv is not None else "None"
+        mask_name = self.const(mask, "M") if mask is not None else "None"
+        self.lines.append(
+            f"_write({view}, {adv}, {self.const(dtype, 'D')}, {value}, {mask_name}, {mode!r})"
+        )
+
+
+def _sids(step: Step) -> list[int]:
+    sids = [x.sid for x in step.ins if isinstance(x, Ref)] + [o[0].sid for o in step.outs]
+    if step.allocated is not None:
+        sids.append(step.allocated)
+    return sids
+
+
+def _covering_first_writes(launch: Launch, steps: list[Step]) -> set[int]:
+    """Scratch storages whose first access after allocation is an unmasked write of all of
+    it (they need no zero fill)."""
+    seen: set[int] = set()
+    covered: set[int] = set()
+    for step in steps:
+        if step.engine == "alloc":
+            continue
+        for x in step.ins:
+            if isinstance(x, Ref):
+                seen.add(x.sid)
+        for dst, mask, mode in step.outs:
+            if dst.sid in seen:
+                continue
+            seen.add(dst.sid)
+            if mask is None and mode == "set" and dst.adv is None and not dst.keys:
+                covered.add(dst.sid)
+    return covered
+
+
+def build(launch: Launch, n_inputs: int, n_outputs: int) -> CompiledKernel:
+    steps = launch.steps or []
+    builder = _Builder(launch, launch.nki_dtypes)
+    slots = builder.place_scratch(steps)
+    covered = _covering_first_writes(launch, steps)
+    for step in steps:
+        builder.emit(step, covered)
+    params = [f"a{i}" for i in range(n_inputs)] + [f"o{i}" for i in range(n_outputs)]
+    body = builder.lines or ["pass"]
+    source = f"def kernel({', '.join(params)}):\n" + "".join(f"    {line}\n" for line in body)
+    namespace = dict(builder.names)
+    exec(compile(source, "<nki compiled kernel>", "exec"), namespace)  # noqa: S102
+    return CompiledKernel(source, namespace["kernel"], slots)

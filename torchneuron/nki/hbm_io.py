@@ -1,0 +1,141 @@
+"""Kernel arguments and results: numpy arrays, CPU tensors and ``neuron`` tensors as HBM.
+
+numpy arrays and CPU tensors are used in place. A ``neuron`` tensor's memory is host memory
+(the software NeuronCore's HBM is host-addressable), so the kernel reads and writes it
+through a numpy view of the very same bytes, with the tensor's strides (non-contiguous
+views work). Results of a launch with ``neuron`` inputs are allocated on that device.
+bfloat16 has no numpy type: such tensors go in as float32 copies (bfloat16 values, exact)
+and are written back / converted on the way out.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import dtypes
+from .errors import NkiError
+
+
+@dataclass(eq=False)
+class HbmArg:
+    """One tensor argument: the array the kernel sees and how to hand changes back."""
+
+    array: np.ndarray
+    dtype: Any  # NKI dtype
+    source: Any  # the user's object
+    write_back: bool  # True when `array` is a copy (bfloat16) to copy back after the run
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def is_tensor(value: Any) -> bool:
+    torch = _torch()
+    return isinstance(value, torch.Tensor)
+
+
+def _device_alias(tensor: Any) -> np.ndarray:
+    """A numpy view of a neuron tensor's bytes (same memory, same strides)."""
+    np_dtype = np.dtype(_torch().empty((), dtype=tensor.dtype).numpy().dtype)
+    if tensor.numel() == 0:
+        return np.empty(tuple(tensor.shape), np_dtype)
+    storage = tensor.untyped_storage()
+    nbytes = storage.nbytes()
+    raw = (ctypes.c_byte * nbytes).from_address(storage.data_ptr())
+    flat = np.frombuffer(raw, dtype=np.uint8).view(np_dtype)
+    itemsize = np_dtype.itemsize
+    return np.lib.stride_tricks.as_strided(
+        flat[tensor.storage_offset() :],
+        shape=tuple(tensor.shape),
+        strides=tuple(s * itemsize for s in tensor.stride()),
+    )
+
+
+def to_hbm(value: Any) -> HbmArg | None:
+    """The HBM view of a tensor argument, or None for a non-tensor argument."""
+    if isinstance(value, np.ndarray):
+        return HbmArg(value, dtypes.canonical(value.dtype), value, False)
+    if not is_tensor(value):
+        return None
+    torch = _torch()
+    tensor = value.detach()
+    if tensor.dtype == torch.bfloat16:
+        copy = tensor.to("cpu", torch.float32).numpy()
+        return HbmArg(copy, dtypes.bfloat16, value, True)
+    if tensor.device.type == "neuron":
+        torch.neuron.synchronize(tensor.device)
+        return HbmArg(_device_alias(tensor), dtypes.canonical(_np_dtype(tensor)), value, False)
+    if tensor.device.type != "cpu":
+        raise NkiError(f"NKI kernels take numpy arrays, CPU or neuron tensors, not {tensor.device}")
+    if tensor.is_conj() or tensor.is_neg():
+        tensor = tensor.resolve_conj().resolve_neg()
+    return HbmArg(tensor.numpy(), dtypes.canonical(tensor.numpy().dtype), value, False)
+
+
+def _np_dtype(tensor: Any) -> np.dtype:
+    return np.dtype(_torch().empty((), dtype=tensor.dtype).numpy().dtype)
+
+
+def write_back(args: list[HbmArg]) -> None:
+    for arg in args:
+        if arg.write_back:
+            with _torch().no_grad():
+                arg.source.copy_(_torch().from_numpy(arg.array))
+
+
+def torch_dtype(dtype: Any) -> Any:
+    torch = _torch()
+    if dtype is dtypes.bfloat16:
+        return torch.bfloat16
+    return torch.from_numpy(np.empty(0, dtypes.storage(dtype))).dtype
+
+
+class Allocator:
+    """Allocates a launch's HBM outputs where its inputs live (numpy or a neuron device)."""
+
+    def __init__(self, device: Any) -> None:
+        self.device = device  # None (numpy) or a torch.device
+        self.tensors: dict[int, Any] = {}  # id(array) -> tensor owning it
+
+    def __call__(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        if self.device is None or dtypes.needs_rounding(dtype):
+            return np.zeros(shape, dtypes.storage(dtype))
+        torch = _torch()
+        tensor = torch.zeros(shape, dtype=torch_dtype(dtype), device=self.device)
+        array = _device_alias(tensor) if self.device.type == "neuron" else tensor.numpy()
+        self.tensors[id(array)] = tensor
+        return array
+
+    def result(self, array: np.ndarray, dtype: Any) -> Any:
+        """What the caller gets for an output array."""
+        if self.device is None:
+            return array
+        tensor = self.tensors.get(id(array))
+        if tensor is not None:
+            return tensor
+        torch = _torch()
+        out = torch.from_numpy(np.ascontiguousarray(array)).to(torch_dtype(dtype))
+        return out.to(self.device)
+
+
+def launch_device(values: list[Any]) -> Any:
+    """The device results go to: a neuron tensor's device, else CPU for tensors, else None."""
+    device = None
+    for value in values:
+        if is_tensor(value):
+            if value.device.type == "neuron":
+                if device is not None and device.type == "neuron" and device != value.device:
+                    raise NkiError(
+                        f"kernel arguments on different devices: {device} and {value.device}"
+                    )
+                device = value.device
+            elif device is None:
+                device = value.device
+    return device

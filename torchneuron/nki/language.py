@@ -1,0 +1,463 @@
+"""``nki.language`` (``nl``): tiles, memory, math, indexing and SPMD queries.
+
+Import as ``import torchneuron.nki.language as nl``. Functions take tiles (SBUF or PSUM)
+and return new SBUF tiles, as NKI's legacy ``neuronxcc.nki.language`` does; ``nl.load``
+and ``nl.store`` move data between HBM and SBUF, and ``nl.matmul`` returns a PSUM tile.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from . import ops, runtime
+from .dtypes import (  # noqa: F401  (re-exported NKI names)
+    bfloat16,
+    bool_,
+    float8_e4m3,
+    float8_e5m2,
+    float16,
+    float32,
+    int8,
+    int16,
+    int32,
+    tfloat32,
+    uint8,
+    uint16,
+    uint32,
+)
+from .errors import NkiError
+from .indexing import arange, ds, mgrid  # noqa: F401
+from .profile import BN_STATS_FMAX, GEMM_MOVING_FMAX, GEMM_STATIONARY_FMAX, PARTITIONS
+from .tiles import Tile, hbm, par_dim, private_hbm, psum, sbuf, shared_hbm  # noqa: F401
+
+bool = bool_  # noqa: A001  (NKI exposes nl.bool_; some kernels write nl.bool)
+
+
+class tile_size:  # noqa: N801  (NKI's name)
+    """Hardware tile limits kernels size their loops by."""
+
+    pmax = PARTITIONS
+    psum_fmax = GEMM_MOVING_FMAX
+    gemm_stationary_fmax = GEMM_STATIONARY_FMAX
+    gemm_moving_fmax = GEMM_MOVING_FMAX
+    bn_stats_fmax = BN_STATS_FMAX
+    psum_min_align = 4
+    sbuf_min_align = 1
+
+
+# -- allocation ------------------------------------------------------------------------
+def ndarray(
+    shape: Any, dtype: Any = float32, *, buffer: Any = None, name: str = "", **_: Any
+) -> Tile:
+    """A new tensor/tile in `buffer` (SBUF by default). Contents are undefined on hardware;
+    the simulator zero-fills."""
+    return runtime.current().allocate(shape, dtype, buffer or sbuf)
+
+
+def _filled(shape: Any, value: Any, dtype: Any, buffer: Any) -> Tile:
+    tile = ndarray(shape, dtype, buffer=buffer)
+    runtime.execute(
+        lambda: np.asarray(value), [], [(tile, None, "set")], "gpsimd", ops.free_size(tile.shape)
+    )
+    return tile
+
+
+def zeros(
+    shape: Any, dtype: Any = float32, *, buffer: Any = None, name: str = "", **_: Any
+) -> Tile:
+    return _filled(shape, 0, dtype, buffer)
+
+
+def ones(shape: Any, dtype: Any = float32, *, buffer: Any = None, name: str = "", **_: Any) -> Tile:
+    return _filled(shape, 1, dtype, buffer)
+
+
+def full(
+    shape: Any,
+    fill_value: Any,
+    dtype: Any = float32,
+    *,
+    buffer: Any = None,
+    name: str = "",
+    **_: Any,
+) -> Tile:
+    return _filled(shape, fill_value, dtype, buffer)
+
+
+def empty_like(a: Tile, dtype: Any = None, *, buffer: Any = None, **_: Any) -> Tile:
+    return ndarray(a.shape, dtype or a.dtype, buffer=buffer or a.buffer)
+
+
+def zeros_like(a: Tile, dtype: Any = None, *, buffer: Any = None, **_: Any) -> Tile:
+    return zeros(
+        a.shape, dtype or a.dtype, buffer=buffer or (a.buffer if a.buffer.on_chip else sbuf)
+    )
+
+
+def ones_like(a: Tile, dtype: Any = None, *, buffer: Any = None, **_: Any) -> Tile:
+    return ones(
+        a.shape, dtype or a.dtype, buffer=buffer or (a.buffer if a.buffer.on_chip else sbuf)
+    )
+
+
+def shared_identity_matrix(n: int, dtype: Any = float32, **_: Any) -> Tile:
+    tile = ndarray((n, n), dtype)
+    runtime.execute(lambda: np.eye(n, dtype=np.float32), [], [(tile, None, "set")], "gpsimd", n)
+    return tile
+
+
+# -- data movement ---------------------------------------------------------------------
+def _dma_check(src: Tile, dst_on_chip: bool, what: str) -> None:
+    if not isinstance(src, Tile):
+        raise NkiError(f"{what}: expected a tensor or tile, got {type(src).__name__}")
+
+
+def load(src: Tile, *, mask: Any = None, dtype: Any = None, **_: Any) -> Tile:
+    """HBM → SBUF: a new SBUF tile holding `src` (the first dimension is the partition)."""
+    _dma_check(src, True, "nl.load")
+    if src.buffer.on_chip:
+        raise NkiError(
+            f"nl.load reads HBM; the source is already in {src.buffer.name} (use nl.copy)"
+        )
+    tile = ndarray(src.shape, dtype or src.dtype)
+    dma(tile, src, mask)
+    return tile
+
+
+def load_transpose2d(src: Tile, *, mask: Any = None, dtype: Any = None, **_: Any) -> Tile:
+    """HBM [F, P] → SBUF [P, F] (the DMA transposes)."""
+    if src.buffer.on_chip or len(src.shape) != 2:
+        raise NkiError("nl.load_transpose2d reads a 2-D HBM tensor")
+    tile = ndarray(src.shape[::-1], dtype or src.dtype)
+    runtime.execute(np.transpose, [src], [(tile, mask, "set")], "dma", _bytes(src))
+    return tile
+
+
+def store(dst: Tile, value: Any, *, mask: Any = None, **_: Any) -> None:
+    """SBUF → HBM: writes `value` to the HBM access `dst`."""
+    if not isinstance(dst, Tile) or dst.buffer.on_chip:
+        where = dst.buffer.name if isinstance(dst, Tile) else type(dst).__name__
+        raise NkiError(
+            f"nl.store writes HBM; the destination is {where} (use nl.copy or '=' on chip)"
+        )
+    dma(dst, value, mask)
+
+
+def _bytes(tile: Tile) -> int:
+    return int(np.prod(tile.shape, dtype=np.int64)) * tile.dtype.itemsize
+
+
+def dma(dst: Tile, src: Any, mask: Any) -> None:
+    """One DMA transfer: HBM↔SBUF (either side may be HBM; SBUF↔SBUF is allowed too)."""
+    src = runtime.operand(src)
+    if isinstance(src, Tile):
+        if src.buffer.name == "psum" and not dst.buffer.on_chip:
+            pass  # stores from PSUM are accepted, as the compiler inserts the copy
+        if dst.buffer.on_chip:
+            from .tiles import check_partition
+
+            check_partition(dst.shape, dst.par_axis, "DMA into " + dst.buffer.name)
+        if src.shape != dst.shape and np.prod(src.shape) != np.prod(dst.shape):
+            raise NkiError(f"DMA shapes differ: source {src.shape}, destination {dst.shape}")
+        launch = runtime.current()
+        launch.usage.dma_bytes += _bytes(dst)
+        fn = _reshaper(dst.shape) if src.shape != dst.shape else runtime._identity
+        runtime.execute(fn, [src], [(dst, mask, "set")], "dma", _bytes(dst))
+    else:
+        runtime.execute(lambda: np.asarray(src), [], [(dst, mask, "set")], "dma", _bytes(dst))
+
+
+def _reshaper(shape: tuple[int, ...]) -> Callable[[np.ndarray], np.ndarray]:
+    def reshape(x: np.ndarray) -> np.ndarray:
+        return np.reshape(x, shape)
+
+    return reshape
+
+
+def copy(src: Any, *, mask: Any = None, dtype: Any = None, **_: Any) -> Tile:
+    """A copy of a tile (on chip; a PSUM source lands in SBUF), optionally converted."""
+    return ops.elementwise("copy", [src], dtype if dtype is not None else _dtype_of(src), mask)
+
+
+def _dtype_of(value: Any) -> Any:
+    return value.dtype if isinstance(value, Tile) else float32
+
+
+# -- elementwise math ------------------------------------------------------------------
+def _unary(name: str) -> Callable[..., Tile]:
+    def fn(x: Any, *, dtype: Any = None, mask: Any = None, **_: Any) -> Tile:
+        return ops.elementwise(
+            name, [x], dtype if dtype is not None else _float_dtype(x), mask, "scalar"
+        )
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.nki_op = name  # type: ignore[attr-defined]
+    fn.__doc__ = f"Elementwise {name} (Scalar Engine)."
+    return fn
+
+
+def _float_dtype(x: Any) -> Any:
+    from . import dtypes
+
+    return x.dtype if isinstance(x, Tile) and dtypes.is_float(x.dtype) else float32
+
+
+def _binary(name: str) -> Callable[..., Tile]:
+    def fn(x: Any, y: Any, *, dtype: Any = None, mask: Any = None, **_: Any) -> Tile:
+        return ops.elementwise(name, [x, y], dtype, mask)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.nki_op = name  # type: ignore[attr-defined]
+    fn.__doc__ = f"Elementwise {name} of two tiles (or a tile and a scalar), Vector Engine."
+    return fn
+
+
+exp = _unary("exp")
+log = _unary("log")
+sqrt = _unary("sqrt")
+rsqrt = _unary("rsqrt")
+reciprocal = _unary("reciprocal")
+square = _unary("square")
+abs = _unary("abs")  # noqa: A001
+negative = _unary("negative")
+sin = _unary("sin")
+cos = _unary("cos")
+tan = _unary("tan")
+tanh = _unary("tanh")
+arctan = _unary("arctan")
+sigmoid = _unary("sigmoid")
+relu = _unary("relu")
+gelu = _unary("gelu")
+gelu_apprx_tanh = _unary("gelu_apprx_tanh")
+silu = _unary("silu")
+erf = _unary("erf")
+sign = _unary("sign")
+floor = _unary("floor")
+ceil = _unary("ceil")
+trunc = _unary("trunc")
+invert = _unary("invert")
+logical_not = _unary("logical_not")
+
+add = _binary("add")
+subtract = _binary("subtract")
+multiply = _binary("multiply")
+divide = _binary("divide")
+maximum = _binary("maximum")
+minimum = _binary("minimum")
+power = _binary("power")
+fmod = _binary("fmod")
+equal = _binary("equal")
+not_equal = _binary("not_equal")
+greater = _binary("greater")
+greater_equal = _binary("greater_equal")
+less = _binary("less")
+less_equal = _binary("less_equal")
+logical_and = _binary("logical_and")
+logical_or = _binary("logical_or")
+logical_xor = _binary("logical_xor")
+bitwise_and = _binary("bitwise_and")
+bitwise_or = _binary("bitwise_or")
+bitwise_xor = _binary("bitwise_xor")
+left_shift = _binary("left_shift")
+right_shift = _binary("right_shift")
+
+
+def where(condition: Any, x: Any, y: Any, *, dtype: Any = None, mask: Any = None, **_: Any) -> Tile:
+    """Elementwise select: `x` where `condition` is true, else `y`."""
+    values = [runtime.operand(v) for v in (condition, x, y)]
+    for v in values:
+        ops.compute(v, "nl.where")
+    shape = ops.broadcast_shapes(values, "nl.where")
+    out = ops.new_tile(shape, ops.result_dtype(dtype, values[1:]))
+    rank = len(shape)
+    runtime.execute(
+        lambda c, a, b: np.where(
+            ops.pad(np.asarray(c), rank) != 0, ops.pad(ops.f32(a), rank), ops.pad(ops.f32(b), rank)
+        ),
+        values,
+        [(out, mask, "set")],
+        "vector",
+        ops.free_size(shape),
+    )
+    return out
+
+
+# -- reductions ------------------------------------------------------------------------
+def _reduction(name: str, op: str) -> Callable[..., Tile]:
+    def fn(
+        x: Tile, axis: Any, *, dtype: Any = None, mask: Any = None, keepdims: bool = False, **_: Any
+    ) -> Tile:
+        ops.compute(x, f"nl.{name}")
+        axes = ops.reduce_axes(axis, len(x.shape), f"nl.{name}")
+        shape = ops.reduced_shape(x.shape, axes, keepdims)
+        out = ops.new_tile(
+            shape,
+            dtype if dtype is not None else _float_dtype(x) if op != "bitwise_or" else x.dtype,
+        )
+        body = ops.reduce_fn(op, axes, keepdims)
+        if name == "mean":
+            count = int(np.prod([x.shape[a] for a in axes]))
+            total = body
+
+            def body(v: Any) -> Any:
+                return total(v) / np.float32(count)
+
+        runtime.execute(body, [x], [(out, mask, "set")], "vector", ops.free_size(x.shape))
+        return out
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.nki_op = op  # type: ignore[attr-defined]
+    fn.__doc__ = f"{name} over free axes `axis` (Vector Engine); axis 0 is the partition."
+    return fn
+
+
+sum = _reduction("sum", "add")  # noqa: A001
+max = _reduction("max", "maximum")  # noqa: A001
+min = _reduction("min", "minimum")  # noqa: A001
+prod = _reduction("prod", "multiply")
+mean = _reduction("mean", "add")
+
+
+def softmax(x: Tile, axis: Any, *, dtype: Any = None, mask: Any = None, **_: Any) -> Tile:
+    """Softmax over free axes."""
+    ops.compute(x, "nl.softmax")
+    axes = ops.reduce_axes(axis, len(x.shape), "nl.softmax")
+    out = ops.new_tile(x.shape, dtype if dtype is not None else _float_dtype(x))
+
+    def body(v: Any) -> Any:
+        v = ops.f32(v)
+        e = np.exp(v - v.max(axis=axes, keepdims=True))
+        return e / e.sum(axis=axes, keepdims=True)
+
+    runtime.execute(body, [x], [(out, mask, "set")], "scalar", 3 * ops.free_size(x.shape))
+    return out
+
+
+# -- matmul and layout -----------------------------------------------------------------
+def matmul(x: Tile, y: Tile, *, transpose_x: bool = False, mask: Any = None, **_: Any) -> Tile:
+    """``x @ y`` on the Tensor Engine, result in PSUM (float32). With transpose_x=True `x`
+    is given as [K, M] (contraction on partitions), otherwise as [M, K] and transposed."""
+    stationary = x if transpose_x else transpose(x)
+    return ops.matmul_result(stationary, y, mask, "nl.matmul")
+
+
+def transpose(x: Tile, *, dtype: Any = None, mask: Any = None, **_: Any) -> Tile:
+    """Swaps the partition and the free dimension of a 2-D tile (both at most 128)."""
+    ops.compute(x, "nl.transpose")
+    if len(x.shape) != 2 or x.shape[1] > PARTITIONS:
+        raise NkiError(f"nl.transpose takes a 2-D tile with both sizes at most 128, got {x.shape}")
+    out = ops.new_tile(x.shape[::-1], dtype if dtype is not None else x.dtype)
+    runtime.execute(np.transpose, [x], [(out, mask, "set")], "tensor", x.shape[1] + 64)
+    return out
+
+
+def broadcast_to(src: Tile, shape: Any, **_: Any) -> Tile:
+    """`src` repeated to `shape` (size-1 dimensions broadcast)."""
+    ops.compute(src, "nl.broadcast_to")
+    shape = tuple(int(d) for d in shape)
+    try:
+        np.broadcast_shapes(src.shape, shape)
+    except ValueError:
+        raise NkiError(f"nl.broadcast_to: cannot broadcast {src.shape} to {shape}") from None
+    out = ops.new_tile(shape, src.dtype)
+    rank = len(shape)
+    runtime.execute(
+        lambda x: ops.pad(x, rank), [src], [(out, None, "set")], "vector", ops.free_size(shape)
+    )
+    return out
+
+
+def expand_dims(data: Tile, axis: int, **_: Any) -> Tile:
+    ops.compute(data, "nl.expand_dims")
+    shape = list(data.shape)
+    shape.insert(axis if axis >= 0 else len(shape) + 1 + axis, 1)
+    out = ops.new_tile(tuple(shape), data.dtype)
+    runtime.execute(_reshape_to(tuple(shape)), [data], [(out, None, "set")], "vector", 1)
+    return out
+
+
+def _reshape_to(shape: tuple[int, ...]) -> Callable[[np.ndarray], np.ndarray]:
+    return lambda x: np.reshape(x, shape)
+
+
+# -- SPMD and loops --------------------------------------------------------------------
+def program_id(axis: int) -> int:
+    """This program instance's index along launch-grid `axis`."""
+    launch = runtime.current()
+    if not 0 <= axis < builtins.max(len(launch.grid), 1):
+        raise NkiError(
+            f"nl.program_id({axis}): the launch grid {launch.grid} has {len(launch.grid)} axes"
+        )
+    return launch.program_ids[axis] if launch.grid else 0
+
+
+def num_programs(axes: Any = None) -> Any:
+    grid = runtime.current().grid or (1,)
+    if axes is None:
+        return int(np.prod(grid))
+    if isinstance(axes, int):
+        return grid[axes]
+    return tuple(grid[a] for a in axes)
+
+
+def program_ndim() -> int:
+    return len(runtime.current().grid)
+
+
+def affine_range(*args: int, **_: Any) -> range:
+    """Loop whose iterations are independent (the compiler may reorder/pipeline them)."""
+    return range(*args)
+
+
+def sequential_range(*args: int, **_: Any) -> range:
+    """Loop with a dependence between iterations (run in order)."""
+    return range(*args)
+
+
+def static_range(*args: int, **_: Any) -> range:
+    """Loop unrolled at trace time."""
+    return range(*args)
+
+
+def device_print(prefix: str, x: Tile, **_: Any) -> None:
+    """Prints a tile's current values (simulator only; a no-op in the compiled path)."""
+    print(prefix, runtime.read(x, False))
+
+
+# Operators on tiles, as NKI defines them (elementwise, results in SBUF).
+def _install_operators() -> None:
+    def swap(fn: Callable[..., Tile]) -> Callable[..., Tile]:
+        return lambda self, other: fn(other, self)
+
+    pairs = {
+        "add": add,
+        "sub": subtract,
+        "mul": multiply,
+        "truediv": divide,
+        "pow": power,
+        "and": logical_and,
+        "or": logical_or,
+        "xor": logical_xor,
+    }
+    for name, fn in pairs.items():
+        setattr(Tile, f"__{name}__", lambda self, other, fn=fn: fn(self, other))
+        setattr(Tile, f"__r{name}__", swap(fn))
+    for name, fn in {
+        "lt": less,
+        "le": less_equal,
+        "gt": greater,
+        "ge": greater_equal,
+        "eq": equal,
+        "ne": not_equal,
+    }.items():
+        setattr(Tile, f"__{name}__", lambda self, other, fn=fn: fn(self, other))
+    Tile.__neg__ = lambda self: negative(self)  # type: ignore[method-assign]
+    Tile.__invert__ = lambda self: invert(self)  # type: ignore[method-assign]
+    Tile.__hash__ = object.__hash__  # type: ignore[method-assign]
+
+
+_install_operators()

@@ -1,0 +1,224 @@
+"""``nki.jit`` and launches: SPMD grids, argument conversion, the per-signature compile cache.
+
+Calling a kernel runs every program instance of its launch grid (``kernel[g0, g1](...)``)
+in order on the host. The first call with a given input signature (shapes, dtypes,
+non-tensor arguments, grid, target chip) runs the interpreter while recording; the
+recording is compiled (:mod:`.codegen`) and later calls with that signature run the
+compiled code. ``TORCHNEURON_NKI_EXECUTION=interpret`` runs the interpreter every time.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import codegen, runtime
+from .errors import NkiError
+from .hbm_io import Allocator, HbmArg, launch_device, to_hbm, write_back
+from .profile import target_name
+from .runtime import Launch, Usage
+from .tiles import Storage, Tile, hbm, resolve_keys
+
+
+@dataclass
+class _Compiled:
+    program: codegen.CompiledKernel
+    outputs: list[tuple[tuple[int, ...], Any]]  # (shape, NKI dtype) per shared_hbm output
+    result: Any  # the kernel's return structure, tiles replaced by ("input"|"output", i, keys)
+    usage: Usage
+
+
+def _signature_of(value: Any) -> Any:
+    arg = value if isinstance(value, HbmArg) else None
+    if arg is not None:
+        return ("tensor", arg.array.shape, str(arg.dtype))
+    try:
+        hash(value)
+        return ("value", type(value).__name__, value)
+    except TypeError:
+        return ("repr", repr(value))
+
+
+def _execution_mode() -> str:
+    mode = os.environ.get("TORCHNEURON_NKI_EXECUTION", "compiled")
+    if mode not in ("compiled", "interpret"):
+        raise ValueError(f"TORCHNEURON_NKI_EXECUTION={mode!r}: use 'compiled' or 'interpret'")
+    return mode
+
+
+class Kernel:
+    """A kernel function made launchable by ``@nki.jit``."""
+
+    def __init__(
+        self, fn: Callable[..., Any], mode: str = "auto", grid: tuple[int, ...] = (), **options: Any
+    ) -> None:
+        self.fn = fn
+        self.mode = mode
+        self.grid = grid
+        self.options = options
+        self._cache: dict[Any, _Compiled] = {}
+        self.last_usage: Usage | None = None
+        functools.update_wrapper(self, fn)
+
+    def __getitem__(self, grid: Any) -> Kernel:
+        dims = grid if isinstance(grid, tuple) else (grid,)
+        try:
+            ints = tuple(int(d) for d in dims)
+        except TypeError:
+            raise NkiError(f"a launch grid is one or more positive ints, got {grid!r}") from None
+        if not ints or any(d < 1 for d in ints):
+            raise NkiError(f"a launch grid is one or more positive ints, got {grid!r}")
+        launched = Kernel(self.fn, self.mode, ints, **self.options)
+        launched._cache = self._cache  # one cache per kernel; the grid is part of the key
+        return launched
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if runtime.active() is not None:
+            return self.fn(*args, **kwargs)  # a sub-kernel: traced into its caller
+        if self.mode == "trace":
+            raise NkiError("a kernel with mode='trace' runs only when called from another kernel")
+        return self.run(args, kwargs, compiled=_execution_mode() == "compiled")
+
+    def interpret(self, *args: Any, **kwargs: Any) -> Any:
+        """Runs the reference interpreter (no compiled code), whatever the setting."""
+        return self.run(args, kwargs, compiled=False)
+
+    # -- launch --------------------------------------------------------------------------
+    def run(self, args: tuple[Any, ...], kwargs: dict[str, Any], compiled: bool) -> Any:
+        device = launch_device(list(args) + list(kwargs.values()))
+        converted = [to_hbm(a) or a for a in args]
+        converted_kw = {k: to_hbm(v) or v for k, v in kwargs.items()}
+        hbm_args = [
+            a for a in itertools.chain(converted, converted_kw.values()) if isinstance(a, HbmArg)
+        ]
+        allocator = Allocator(device)
+        key = (
+            self.grid,
+            tuple(_signature_of(a) for a in converted),
+            tuple(sorted((k, _signature_of(v)) for k, v in converted_kw.items())),
+            target_name(),
+        )
+        entry = self._cache.get(key) if compiled else None
+        if entry is not None:
+            outputs = [allocator(shape, dtype) for shape, dtype in entry.outputs]
+            entry.program([a.array for a in hbm_args] + outputs)
+            self.last_usage = entry.usage
+            write_back(hbm_args)
+            return self._results(
+                entry.result, [a.array for a in hbm_args], outputs, entry.outputs, allocator
+            )
+        launch = Launch(self.grid, allocator, record=compiled)
+        result = self._interpret(launch, converted, converted_kw, hbm_args)
+        self.last_usage = launch.usage
+        outputs = [s.array for s in launch.shared]
+        meta = [(s.array.shape, s.dtype) for s in launch.shared]
+        spec = _result_spec(result)
+        if compiled:
+            program = codegen.build(launch, len(hbm_args), len(outputs))
+            self._cache[key] = _Compiled(program, meta, spec, launch.usage)
+        write_back(hbm_args)
+        return self._results(spec, [a.array for a in hbm_args], outputs, meta, allocator)
+
+    def _interpret(
+        self, launch: Launch, args: list[Any], kwargs: dict[str, Any], hbm_args: list[HbmArg]
+    ) -> Any:
+        def tensor(arg: Any) -> Any:
+            if not isinstance(arg, HbmArg):
+                return arg
+            storage = Storage(arg.array, hbm, arg.dtype, 0)
+            storage.role = ("input", next(n for n, h in enumerate(hbm_args) if h is arg))
+            return Tile(storage)
+
+        kernel_args = [tensor(a) for a in args]
+        kernel_kwargs = {k: tensor(v) for k, v in kwargs.items()}
+        previous = runtime.enter(launch)
+        try:
+            result = None
+            for pid in itertools.product(*(range(d) for d in self.grid)):
+                launch.program_ids = pid
+                launch.shared_cursor = 0
+                result = self.fn(*kernel_args, **kernel_kwargs)
+            return result
+        finally:
+            runtime.enter(previous)
+
+    def _results(
+        self,
+        spec: Any,
+        inputs: list[np.ndarray],
+        outputs: list[np.ndarray],
+        meta: list[tuple[tuple[int, ...], Any]],
+        allocator: Allocator,
+    ) -> Any:
+        def build(item: Any) -> Any:
+            if isinstance(item, tuple) and len(item) == 4 and item[0] == "__tile__":
+                _, role, index, keys = item
+                if role == "output":
+                    array = outputs[index]
+                    if not keys:
+                        return allocator.result(array, meta[index][1])
+                    return allocator.result(
+                        np.ascontiguousarray(resolve_keys(array, keys)), meta[index][1]
+                    )
+                return allocator.result(
+                    np.ascontiguousarray(resolve_keys(inputs[index], keys)), None
+                )
+            if isinstance(item, (tuple, list)):
+                return type(item)(build(x) for x in item)
+            if isinstance(item, dict):
+                return {k: build(v) for k, v in item.items()}
+            return item
+
+        return build(spec)
+
+
+def _result_spec(result: Any) -> Any:
+    if isinstance(result, Tile):
+        if result.buffer.on_chip:
+            raise NkiError("a kernel returns HBM tensors (nl.shared_hbm), not on-chip tiles")
+        role = result.storage.role
+        if role is None or role[0] == "scratch":
+            raise NkiError("a kernel returns tensors allocated in nl.shared_hbm or its inputs")
+        if result.adv is not None:
+            raise NkiError("a kernel cannot return an expression-indexed view")
+        return ("__tile__", role[0], role[1], result.keys)
+    if isinstance(result, (tuple, list)):
+        return type(result)(_result_spec(x) for x in result)
+    if isinstance(result, dict):
+        return {k: _result_spec(v) for k, v in result.items()}
+    return result
+
+
+def jit(fn: Callable[..., Any] | None = None, *, mode: str = "auto", **options: Any) -> Any:
+    """Makes `fn` an NKI kernel (``@nki.jit`` or ``@nki.jit(mode=...)``)."""
+    if fn is None:
+        return lambda f: Kernel(f, mode, **options)
+    if isinstance(fn, Kernel):
+        return fn
+    return Kernel(fn, mode, **options)
+
+
+def baremetal(fn: Callable[..., Any] | None = None, **options: Any) -> Any:
+    """Legacy ``nki.baremetal``: a kernel called with numpy arrays (same as jit here)."""
+    return jit(fn, mode="baremetal", **options)
+
+
+def simulate_kernel(kernel: Any, *args: Any, **kwargs: Any) -> Any:
+    """Legacy ``nki.simulate_kernel(kernel[grid], *args)``: runs the reference interpreter."""
+    target = kernel if isinstance(kernel, Kernel) else Kernel(kernel)
+    return target.interpret(*args, **kwargs)
+
+
+def simulate(kernel: Any, *args: Any, **kwargs: Any) -> Any:
+    """New-style ``nki.simulate``: ``nki.simulate(kernel)(*args)`` or
+    ``nki.simulate(kernel, *args)``; runs the reference interpreter."""
+    target = kernel if isinstance(kernel, Kernel) else Kernel(kernel)
+    if args or kwargs:
+        return target.interpret(*args, **kwargs)
+    return target.interpret

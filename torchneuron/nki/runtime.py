@@ -1,0 +1,315 @@
+"""The interpreter: one launch's state, allocation with capacity checks, and the execution
+(and, when tracing for the compiled path, the recording) of every tile read and write.
+
+Every instruction is a pure function over numpy arrays (`fn`) plus the tiles it reads and
+writes. :func:`execute` reads the input tiles, calls `fn`, and writes the results with the
+destination's dtype rounding, mask predicate and accumulate mode. The same steps, recorded
+once per input signature, are what :mod:`.codegen` turns into straight-line host code.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import dtypes
+from .errors import NkiCapacityError, NkiError
+from .profile import PSUM_BANK_BYTES, PSUM_BANKS, ChipProfile, current_profile
+from .tiles import Buffer, Storage, Tile, check_partition, split_shape
+
+
+@dataclass
+class Ref:
+    """A tile access as the compiled path replays it."""
+
+    sid: int
+    keys: tuple[Any, ...]
+    adv: tuple[Any, ...] | None
+
+
+@dataclass
+class Step:
+    fn: Callable[..., Any]
+    ins: list[Any]  # Ref or constant
+    outs: list[tuple[Ref, Any, str]]  # (destination, mask or None, "set" | "acc")
+    engine: str
+    allocated: int | None = None  # for "alloc" steps: the new storage's id
+
+
+def _zeros() -> None:
+    return None
+
+
+@dataclass
+class Usage:
+    """What a traced kernel used: instructions per engine, bytes moved, on-chip peaks."""
+
+    instructions: Counter = field(default_factory=Counter)
+    engine_cycles: Counter = field(default_factory=Counter)
+    dma_bytes: int = 0
+    sbuf_peak_bytes_per_partition: int = 0
+    psum_peak_banks: int = 0
+
+
+class Launch:
+    """State of one kernel launch (all its SPMD program instances)."""
+
+    def __init__(
+        self,
+        grid: tuple[int, ...],
+        hbm_alloc: Callable[[tuple[int, ...], Any], np.ndarray],
+        record: bool,
+    ) -> None:
+        self.grid = grid
+        self.program_ids: tuple[int, ...] = (0,) * len(grid)
+        self.hbm_alloc = hbm_alloc
+        self.profile: ChipProfile = current_profile()
+        self.sbuf_live = 0
+        self.psum_live = 0
+        self.usage = Usage()
+        self.shared: list[Storage] = []
+        self.shared_cursor = 0
+        self.steps: list[Step] | None = [] if record else None
+        self.arrays: dict[int, np.ndarray] = {}  # sid -> array of every storage recorded
+        self.roles: dict[int, tuple[str, int]] = {}
+        self.nki_dtypes: dict[int, Any] = {}
+        self.scratch_count = 0
+
+    # -- allocation ----------------------------------------------------------------------
+    def _release(self, buffer: Buffer, amount: int) -> None:
+        if buffer.name == "sbuf":
+            self.sbuf_live -= amount
+        else:
+            self.psum_live -= amount
+
+    def allocate(self, shape: Any, dtype: Any, buffer: Buffer) -> Tile:
+        ints, par_axis = split_shape(shape)
+        dt = dtypes.canonical(dtype)
+        if buffer.name == "shared_hbm" and self.program_ids != (0,) * len(self.grid):
+            # Every program instance names the same shared tensor: the k-th shared_hbm
+            # allocation of each instance is the first instance's k-th.
+            if self.shared_cursor >= len(self.shared):
+                raise NkiError("program instances allocated different shared_hbm tensors")
+            storage = self.shared[self.shared_cursor]
+            self.shared_cursor += 1
+            if storage.array.shape != ints or storage.dtype != dt:
+                raise NkiError("program instances allocated different shared_hbm tensors")
+            return Tile(storage)
+        if buffer.on_chip:
+            check_partition(ints, par_axis, f"{buffer.name} tile")
+            array = np.zeros(ints, dtype=dtypes.storage(dt))
+        else:
+            array = self.hbm_alloc(ints, dt)
+        storage = Storage(array, buffer, dt, par_axis)
+        if buffer.name == "sbuf":
+            self._charge_sbuf(storage)
+        elif buffer.name == "psum":
+            self._charge_psum(storage)
+        if buffer.on_chip or buffer.name in ("hbm", "private_hbm"):
+            storage.role = ("scratch", self.scratch_count)
+            self.scratch_count += 1
+            if self.steps is not None:
+                # Fresh tiles read as zeros here; the compiled path re-zeroes them at the same
+                # point unless their first write covers them.
+                self.roles[storage.sid] = storage.role
+                self.arrays[storage.sid] = storage.array
+                self.nki_dtypes[storage.sid] = storage.dtype
+                self.steps.append(Step(_zeros, [], [], "alloc", storage.sid))
+        else:
+            storage.role = ("output", len(self.shared))
+            self.shared.append(storage)
+            self.shared_cursor += 1
+        return Tile(storage)
+
+    def _charge_sbuf(self, storage: Storage) -> None:
+        amount = storage.bytes_per_partition()
+        limit = self.profile.sbuf_bytes_per_partition
+        if self.sbuf_live + amount > limit:
+            raise NkiCapacityError(
+                f"SBUF is full on {self.profile.name}: allocating {amount} bytes per partition "
+                f"with {self.sbuf_live} live exceeds {limit} bytes per partition "
+                f"({limit * 128 // 2**20} MiB); free tiles (smaller loop bodies) or tile smaller"
+            )
+        self.sbuf_live += amount
+        self.usage.sbuf_peak_bytes_per_partition = max(
+            self.usage.sbuf_peak_bytes_per_partition, self.sbuf_live
+        )
+        weakref.finalize(storage, self._release, storage.buffer, amount)
+
+    def _charge_psum(self, storage: Storage) -> None:
+        shape = storage.array.shape
+        blocks = int(np.prod(shape[: storage.par_axis], dtype=np.int64))
+        free = int(np.prod(shape[storage.par_axis + 1 :], dtype=np.int64))
+        per_block = free * dtypes.itemsize(storage.dtype)
+        if per_block > PSUM_BANK_BYTES:
+            raise NkiError(
+                f"PSUM tile of shape {shape} needs {per_block} bytes per partition, more than "
+                f"one {PSUM_BANK_BYTES}-byte PSUM bank (at most {PSUM_BANK_BYTES // 4} float32 "
+                "in the free dimension)"
+            )
+        banks = max(blocks, 1)
+        if self.psum_live + banks > PSUM_BANKS:
+            raise NkiCapacityError(
+                f"PSUM is full: this tile needs {banks} bank(s) with {self.psum_live} live; the "
+                f"NeuronCore has {PSUM_BANKS} banks of {PSUM_BANK_BYTES} bytes per partition"
+            )
+        self.psum_live += banks
+        self.usage.psum_peak_banks = max(self.usage.psum_peak_banks, self.psum_live)
+        weakref.finalize(storage, self._release, storage.buffer, banks)
+
+    # -- recording -----------------------------------------------------------------------
+    def ref(self, tile: Tile, safe: bool) -> Ref:
+        storage = tile.storage
+        if storage.sid not in self.roles:
+            assert storage.role is not None
+            self.roles[storage.sid] = storage.role
+            self.arrays[storage.sid] = storage.array
+            self.nki_dtypes[storage.sid] = storage.dtype
+        return Ref(storage.sid, tile.keys, tile.adv_safe if safe else tile.adv)
+
+
+_state = threading.local()
+
+
+def current() -> Launch:
+    launch = getattr(_state, "launch", None)
+    if launch is None:
+        raise NkiError(
+            "NKI language calls run only inside a kernel: decorate the function with "
+            "@nki.jit and call it with arrays or tensors"
+        )
+    return launch
+
+
+def active() -> Launch | None:
+    return getattr(_state, "launch", None)
+
+
+def enter(launch: Launch | None) -> Launch | None:
+    previous = getattr(_state, "launch", None)
+    _state.launch = launch
+    return previous
+
+
+# -- reads and writes ----------------------------------------------------------------------
+def read(tile: Tile, masked: bool) -> np.ndarray:
+    if tile.adv is None:
+        return tile.view
+    if tile.adv_oob:
+        if not masked:
+            raise IndexError(
+                f"index expression reaches outside a tensor of shape {tile.view.shape}; "
+                "guard the access with mask= (e.g. mask=(i_p < size))"
+            )
+        return tile.view[tile.adv_safe]
+    return tile.view[tile.adv]
+
+
+def write(tile: Tile, values: Any, mask: Any, mode: str) -> None:
+    values = np.asarray(values)
+    if values.shape != tile.shape:
+        try:
+            values = np.broadcast_to(values, tile.shape)
+        except ValueError:
+            raise NkiError(
+                f"cannot write a value of shape {values.shape} to a tile of shape {tile.shape}"
+            ) from None
+    if mode == "acc":
+        values = read(tile, mask is not None).astype(np.float32) + values
+    if dtypes.needs_rounding(tile.dtype):
+        values = dtypes.round_to(values, tile.dtype)
+    view = tile.view
+    if mask is None:
+        if tile.adv is None:
+            np.copyto(view, values, casting="unsafe")
+        elif tile.adv_oob:
+            raise IndexError(
+                f"index expression reaches outside a tensor of shape {view.shape}; "
+                "guard the access with mask="
+            )
+        else:
+            view[tile.adv] = values
+        return
+    where = np.broadcast_to(np.asarray(mask, dtype=bool), tile.shape)
+    if tile.adv is None:
+        np.copyto(view, values, casting="unsafe", where=where)
+        return
+    key = tile.adv_safe
+    if all(isinstance(k, (int, np.ndarray)) for k in key):
+        picked = tuple(
+            np.broadcast_to(k, tile.shape)[where] if isinstance(k, np.ndarray) else k for k in key
+        )
+        view[picked] = np.broadcast_to(values, tile.shape)[where]
+    else:
+        view[key] = np.where(where, values, view[key])
+
+
+def operand(value: Any) -> Any:
+    if isinstance(value, Tile):
+        return value
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        return value.item()
+    return value
+
+
+def execute(
+    fn: Callable[..., Any],
+    ins: list[Any],
+    outs: list[tuple[Tile, Any, str]],
+    engine: str,
+    cycles: int = 0,
+) -> None:
+    """Runs one instruction: `fn` over the read inputs, results written to `outs`."""
+    launch = current()
+    masked = any(mask is not None for _, mask, _ in outs)
+    args = [read(x, masked) if isinstance(x, Tile) else x for x in ins]
+    result = fn(*args)
+    if len(outs) == 1:
+        result = (result,)
+    for (tile, mask, mode), value in zip(outs, result, strict=True):
+        write(tile, value, mask, mode)
+    launch.usage.instructions[engine] += 1
+    launch.usage.engine_cycles[engine] += cycles
+    if launch.steps is not None:
+        launch.steps.append(
+            Step(
+                fn,
+                [launch.ref(x, masked) if isinstance(x, Tile) else x for x in ins],
+                [(launch.ref(t, mask is not None), mask, mode) for t, mask, mode in outs],
+                engine,
+            )
+        )
+
+
+def _identity(x: np.ndarray) -> np.ndarray:
+    return x
+
+
+def assign(target: Tile, value: Any) -> None:
+    """``tile[key] = value`` (an on-chip copy; HBM is written with nl.store/dma_copy)."""
+    if not target.buffer.on_chip:
+        raise NkiError(
+            f"cannot assign to an {target.buffer.name} tensor directly: store tiles with "
+            "nl.store(dst, value) or nisa.dma_copy(dst=..., src=...)"
+        )
+    if isinstance(value, Tile) and not value.buffer.on_chip:
+        raise NkiError("cannot copy from HBM with '=': load it with nl.load or nisa.dma_copy")
+    execute(_identity, [operand(value)], [(target, None, "set")], "vector", _free_size(target))
+
+
+def accumulate(target: Tile, value: Any) -> None:
+    """``tile += value``: PSUM accumulation (float32), or an in-place add on SBUF."""
+    if not target.buffer.on_chip:
+        raise NkiError("'+=' on an HBM tensor is not allowed; accumulate in SBUF or PSUM")
+    execute(_identity, [operand(value)], [(target, None, "acc")], "vector", _free_size(target))
+
+
+def _free_size(tile: Tile) -> int:
+    shape = tile.shape
+    return int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1

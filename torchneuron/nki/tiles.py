@@ -1,0 +1,210 @@
+"""Buffers, storages and tiles: the objects an NKI kernel computes with.
+
+A *storage* is one allocation in a buffer (HBM, SBUF or PSUM) holding a numpy array. A
+*tile* is an access to a storage: a chain of basic indexing steps (a numpy view) and at most
+one advanced (affine-expression) index on top. Tiles are what ``nl``/``nisa`` take and
+return; every read and write of tile data goes through :mod:`.runtime`, which checks, runs
+and (when tracing) records it.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+
+from . import dtypes
+from .errors import NkiError, NkiUnsupportedError
+from .indexing import advanced_shape, as_basic, clipped_key, normalize_key
+from .profile import PARTITIONS
+
+
+class Buffer:
+    """A memory of the NeuronCore: on chip (SBUF, PSUM) or device memory (HBM)."""
+
+    def __init__(self, name: str, on_chip: bool) -> None:
+        self.name = name
+        self.on_chip = on_chip
+
+    def __repr__(self) -> str:
+        return f"nl.{self.name}"
+
+
+sbuf = Buffer("sbuf", True)
+psum = Buffer("psum", True)
+hbm = Buffer("hbm", False)
+shared_hbm = Buffer("shared_hbm", False)
+private_hbm = Buffer("private_hbm", False)
+
+
+class par_dim(int):  # noqa: N801  (NKI's name)
+    """Marks the partition dimension inside a tile shape: ``(4, nl.par_dim(128), 512)``."""
+
+
+_ids = itertools.count()
+
+
+class Storage:
+    """One allocation. `role` says where its array comes from at run time (for the
+    compiled path): ("input", i), ("output", i) or ("scratch", i)."""
+
+    __slots__ = ("array", "buffer", "dtype", "par_axis", "sid", "role", "__weakref__")
+
+    def __init__(self, array: np.ndarray, buffer: Buffer, dtype: Any, par_axis: int) -> None:
+        self.array = array
+        self.buffer = buffer
+        self.dtype = dtype
+        self.par_axis = par_axis
+        self.sid = next(_ids)
+        self.role: tuple[str, int] | None = None
+
+    def bytes_per_partition(self) -> int:
+        shape = self.array.shape
+        count = int(np.prod(shape, dtype=np.int64)) // max(shape[self.par_axis], 1) if shape else 1
+        return count * dtypes.itemsize(self.dtype)
+
+
+def split_shape(shape: Any) -> tuple[tuple[int, ...], int]:
+    """A tile shape as ints and the index of its partition dimension."""
+    if isinstance(shape, (int, np.integer)):
+        shape = (shape,)
+    dims = tuple(shape)
+    marked = [n for n, d in enumerate(dims) if isinstance(d, par_dim)]
+    if len(marked) > 1:
+        raise NkiError("a tile shape may mark one partition dimension (nl.par_dim)")
+    ints = tuple(int(d) for d in dims)
+    if any(d < 0 for d in ints):
+        raise NkiError(f"tile shape {ints} has a negative dimension")
+    return ints, (marked[0] if marked else 0)
+
+
+class Tile:
+    """A tile or tensor as kernels see it (``.shape``, ``.dtype``, indexing, operators)."""
+
+    __slots__ = ("storage", "keys", "view", "adv", "adv_safe", "adv_oob", "shape", "par_axis")
+
+    def __init__(
+        self,
+        storage: Storage,
+        keys: tuple[Any, ...] = (),
+        view: np.ndarray | None = None,
+        adv: tuple[Any, ...] | None = None,
+        par_axis: int | None = None,
+    ) -> None:
+        self.storage = storage
+        self.keys = keys
+        self.view = storage.array if view is None else view
+        self.adv = adv
+        self.adv_safe: tuple[Any, ...] | None = None
+        self.adv_oob = False
+        if adv is not None:
+            self.adv_safe, self.adv_oob = clipped_key(self.view.shape, adv)
+            self.shape = advanced_shape(self.view.shape, self.adv_safe)
+            self.par_axis = 0
+        else:
+            self.shape = tuple(self.view.shape)
+            self.par_axis = storage.par_axis if par_axis is None else par_axis
+
+    # -- what kernels read ---------------------------------------------------------------
+    @property
+    def dtype(self) -> Any:
+        return self.storage.dtype
+
+    @property
+    def buffer(self) -> Buffer:
+        return self.storage.buffer
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        return f"Tile(shape={self.shape}, dtype={dtypes.name(self.dtype)}, buffer={self.buffer})"
+
+    def __bool__(self) -> bool:
+        raise NkiError(
+            "a tile's values are not known while the kernel is traced: control flow cannot "
+            "depend on them (use mask=, nl.where or nisa.affine_select)"
+        )
+
+    def __iter__(self) -> Any:
+        raise NkiError("tiles cannot be iterated; index them with nl.arange/nl.ds or slices")
+
+    def __array__(self, *args: Any, **kwargs: Any) -> Any:
+        raise NkiError("a tile is not an array while the kernel is traced; load/store it")
+
+    def __getitem__(self, key: Any) -> Tile:
+        if self.adv is not None:
+            raise NkiUnsupportedError("indexing a tile that was already indexed by expressions")
+        items, advanced = normalize_key(key, self.shape)
+        if advanced:
+            basic = as_basic(items, self.shape)
+            if basic is None:
+                return Tile(self.storage, self.keys, self.view, adv=items)
+            items = basic
+        view = self.view[items]
+        # Integer indices before the partition axis (block dimensions) remove it from view.
+        dropped = sum(1 for i in items[: self.par_axis] if isinstance(i, int))
+        return Tile(self.storage, self.keys + (items,), view, par_axis=self.par_axis - dropped)
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        from . import runtime
+
+        target = self[key]
+        if isinstance(value, Tile) and value.same_access(target):
+            return  # `t[k] += v` writes in place, then Python assigns the same access back
+        runtime.assign(target, value)
+
+    def same_access(self, other: Tile) -> bool:
+        return (
+            self.storage is other.storage
+            and self.view.shape == other.view.shape
+            and self.view.strides == other.view.strides
+            and self.view.__array_interface__["data"][0]
+            == other.view.__array_interface__["data"][0]
+            and self.adv is None
+            and other.adv is None
+        )
+
+    def reshape(self, shape: Any) -> Tile:
+        """A new view of an HBM tensor with another shape (contiguous tensors only)."""
+        if self.buffer.on_chip or self.adv is not None:
+            raise NkiError("only HBM tensors can be reshaped (tiles keep their layout)")
+        ints, _ = split_shape(shape)
+        try:
+            view = self.view.view()
+            view.shape = ints
+        except (AttributeError, ValueError) as error:
+            raise NkiError(f"cannot reshape a tensor of shape {self.shape} to {ints}") from error
+        return Tile(self.storage, self.keys + (("reshape", ints),), view)
+
+    # -- operators (defined in language.py, installed below) ----------------------------
+    def __iadd__(self, other: Any) -> Tile:
+        from . import runtime
+
+        runtime.accumulate(self, other)
+        return self
+
+
+def resolve_keys(array: np.ndarray, keys: tuple[Any, ...]) -> np.ndarray:
+    """Replays a tile's chain of basic indexing steps on `array` (the compiled path's way
+    to find the same view in this call's arrays)."""
+    for key in keys:
+        if isinstance(key, tuple) and len(key) == 2 and key[0] == "reshape":
+            array = array.reshape(key[1])
+        else:
+            array = array[key]
+    return array
+
+
+def check_partition(shape: tuple[int, ...], par_axis: int, what: str) -> None:
+    if shape and shape[par_axis] > PARTITIONS:
+        raise NkiError(
+            f"{what}: partition dimension size {shape[par_axis]} exceeds the NeuronCore's "
+            f"{PARTITIONS} partitions (tile shape {shape}); tile the data so that "
+            f"dimension {par_axis} is at most {PARTITIONS}"
+        )
