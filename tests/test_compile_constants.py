@@ -106,3 +106,14 @@ def test_graph_key_of_functional_and_subclass_constants():
     tagged = _key(real.as_subclass(Tagged))
     assert tagged is not None and tagged != _key(real)
     assert _key(TwoTensor(real, real.clone())) is None  # defined by inner tensors + metadata
+
+
+def test_graph_key_depends_on_what_each_node_produces():
+    # Same code, same inputs: only a node's value (a custom op's fake result) differs.
+    gm = torch.fx.symbolic_trace(_WithConstant(torch.zeros(3)))
+    keys = set()
+    for dtype in (torch.float32, torch.bfloat16):
+        for node in gm.graph.nodes:
+            node.meta["val"] = torch.empty(3, dtype=dtype)
+        keys.add(neuron_compile._graph_key(gm, [torch.empty(3)], {}))
+    assert len(keys) == 2

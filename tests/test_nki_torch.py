@@ -95,6 +95,19 @@ def test_custom_op_compiles_without_a_graph_break():
     torch.testing.assert_close(compiled(a).cpu(), a.cpu(), rtol=0, atol=0)
 
 
+def test_compiled_graph_uses_the_custom_op_result_with_its_dtype(tmp_path, monkeypatch):
+    # The op's fake result once claimed bfloat16 for every tensor result, so the kernel
+    # Inductor generated after it read float32 bytes as bfloat16 (wrong in ~99% of elements).
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "cache"))
+
+    def f(a):
+        return torch.ops.nkitest.scale_rows(a * 2, 0.5) + 1
+
+    a = torch.randn(256, 64, device="neuron")
+    compiled = torch.compile(f, backend="neuron", fullgraph=True)
+    torch.testing.assert_close(compiled(a).cpu(), a.cpu() + 1, rtol=0, atol=0)
+
+
 def test_custom_op_needs_annotations():
     def plain(x):
         return x

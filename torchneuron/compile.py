@@ -296,9 +296,13 @@ def _graph_key(
             h.update(repr(part).encode())
             h.update(b"\0")
 
-    add("torchneuron-host-graph", 2, torch.__version__, _package_version())
+    add("torchneuron-host-graph", 3, torch.__version__, _package_version())
     add(torch.backends.cpu.get_cpu_capability(), str(pick_vec_isa()))
     add(gm.code)
+    # The code does not show what a node produces: a custom op's fake implementation decides
+    # its output's dtype and layout, and the kernels generated around it depend on them.
+    for node in gm.graph.nodes:
+        add(node.name, _value_layout(node.meta.get("val")))
     for value in inputs:
         if isinstance(value, torch.Tensor):
             add("tensor", tuple(value.shape), value.stride(), value.dtype, value.device.type)
@@ -323,6 +327,15 @@ def _graph_key(
     add(sorted((k, repr(kwargs.get(k))) for k in _KEY_KWARGS))
     add(sorted((k, repr(v)) for k, v in inductor_config.save_config_portable().items()))
     return h.hexdigest()
+
+
+def _value_layout(value: Any) -> object:
+    """Shape, strides and dtype of a node's (fake) value, recursively for tuples."""
+    if isinstance(value, torch.Tensor):
+        return (tuple(value.shape), value.stride(), value.dtype)
+    if isinstance(value, (tuple, list)):
+        return tuple(_value_layout(v) for v in value)
+    return type(value).__name__
 
 
 def _plain_constant(value: torch.Tensor) -> torch.Tensor | None:

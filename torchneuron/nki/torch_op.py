@@ -24,6 +24,8 @@ def _output_meta(kernel: Kernel, args: tuple[Any, ...]) -> Any:
     import torch
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+    from .hbm_io import torch_dtype
+
     def stand_in(value: Any) -> Any:
         if isinstance(value, torch.Tensor):
             return torch.zeros(tuple(value.shape), dtype=value.dtype)
@@ -33,10 +35,12 @@ def _output_meta(kernel: Kernel, args: tuple[Any, ...]) -> Any:
         results = kernel.interpret(*[stand_in(a) for a in args])
 
     def meta(item: Any) -> Any:
+        # (shape, torch dtype): a tensor result keeps its own dtype (the result of a
+        # kernel given torch stand-ins is a torch tensor of any dtype, not only bfloat16).
         if isinstance(item, np.ndarray):
-            return (item.shape, dtypes.canonical(item.dtype))
+            return (item.shape, torch_dtype(dtypes.canonical(item.dtype)))
         if isinstance(item, torch.Tensor):
-            return (tuple(item.shape), dtypes.bfloat16)
+            return (tuple(item.shape), item.dtype)
         if isinstance(item, (tuple, list)):
             return type(item)(meta(x) for x in item)
         raise NkiError(f"an NKI custom op returns tensors, got {type(item).__name__}")
@@ -120,11 +124,9 @@ def _fresh(result: Any, args: tuple[Any, ...], clone_all: bool = False) -> Any:
 
 
 def _build_fake(meta: Any, like: Any) -> Any:
-    from .hbm_io import torch_dtype
-
     if isinstance(meta, tuple) and len(meta) == 2 and isinstance(meta[0], tuple):
         shape, dtype = meta
-        return like.new_empty(shape, dtype=torch_dtype(dtype))
+        return like.new_empty(shape, dtype=dtype)
     return type(meta)(_build_fake(m, like) for m in meta)
 
 
