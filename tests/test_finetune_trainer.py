@@ -160,3 +160,23 @@ def test_torch_compile_one_graph_per_padded_shape(tok, base, tmp_path):
     assert_losses_close(
         step_losses(dev.state.log_history), step_losses(cpu.state.log_history), FP32_TOL
     )
+
+
+_NEURON_RNG_NOT_SAVED = pytest.mark.xfail(
+    strict=True,
+    reason="Transformers 5.24 Trainer._save_rng_state/_load_rng_state keep the python, numpy, "
+    "cpu (and cuda/npu/hpu/mlu/musa/xla) generators only, not the neuron one, so dropout masks "
+    "after a resume on neuron differ from the uninterrupted run (on the CPU they match)",
+)
+
+
+@pytest.mark.parametrize(
+    "cpu", [True, pytest.param(False, marks=_NEURON_RNG_NOT_SAVED)], ids=["cpu", "neuron"]
+)
+def test_resume_with_dropout_restores_the_generator(tok, tmp_path, cpu):
+    base = tiny_model(tok, attention_dropout=0.3)
+    full = _trainer(clone(base), tok, str(tmp_path), cpu=cpu, save_strategy="steps", save_steps=2)
+    full.train()
+    resumed = _trainer(clone(base), tok, str(tmp_path), cpu=cpu)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    assert step_losses(resumed.state.log_history)[2:] == step_losses(full.state.log_history)[2:]
