@@ -132,6 +132,15 @@ def assert_losses_close(got: Sequence[float], expected: Sequence[float], tol: di
     return max(abs(g - e) / max(abs(e), 1e-12) for g, e in zip(got, expected, strict=True))
 
 
+def reset_accelerate_state() -> None:
+    """Forgets Accelerate's process-wide state, so the next Accelerator or Trainer in this
+    process starts from its own arguments (mixed precision, cpu)."""
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
 def plain_cpu_env() -> dict[str, str]:
     """The environment of a process that must not load torchneuron (a CPU-only machine)."""
     env = dict(os.environ)

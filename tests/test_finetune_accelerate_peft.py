@@ -18,6 +18,7 @@ from finetune_fixtures import (
     assert_losses_close,
     clone,
     make_tokenizer,
+    reset_accelerate_state,
     step_losses,
     tiny_model,
     tokenized_dataset,
@@ -33,6 +34,12 @@ def tok() -> Any:
     return make_tokenizer()
 
 
+@pytest.fixture(autouse=True)
+def _fresh_accelerate_state() -> Any:
+    yield
+    reset_accelerate_state()
+
+
 def _loader(tok: Any, batch: int = 4) -> torch.utils.data.DataLoader:
     from transformers import DataCollatorForLanguageModeling
 
@@ -45,10 +52,8 @@ def _loader(tok: Any, batch: int = 4) -> torch.utils.data.DataLoader:
 def _accelerate_losses(model: torch.nn.Module, tok: Any, *, cpu: bool, steps: int = 4) -> tuple:
     """A plain Accelerate loop (bf16 autocast, AdamW); returns losses and the Accelerator."""
     from accelerate import Accelerator
-    from accelerate.state import AcceleratorState, GradientState
 
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    reset_accelerate_state()
     acc = Accelerator(mixed_precision="bf16", cpu=cpu)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model, optimizer, loader = acc.prepare(model, optimizer, _loader(tok))
@@ -79,10 +84,8 @@ def test_accelerator_state_restores_the_neuron_generator(tok, tmp_path):
     seed): with dropout, the steps after a restore draw the same masks and give the same
     losses as the steps after the save."""
     from accelerate import Accelerator
-    from accelerate.state import AcceleratorState, GradientState
 
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    reset_accelerate_state()
     acc = Accelerator()
     model = tiny_model(tok, attention_dropout=0.3)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)

@@ -35,6 +35,7 @@ from finetune_fixtures import (
     assert_losses_close,
     make_tokenizer,
     plain_cpu_env,
+    reset_accelerate_state,
     run_python,
     tiny_model,
 )
@@ -108,7 +109,11 @@ def test_accelerate_launch_two_processes(tmp_path):
     assert two["distributed_type"] == "DistributedType.MULTI_NEURON", two
     assert two["backend"] == "neuron" and two["num_processes"] == 2
     assert two["device"] == "neuron:0"
-    one = accelerate_losses("bf16")
+    reset_accelerate_state()
+    try:
+        one = accelerate_losses("bf16")
+    finally:
+        reset_accelerate_state()
     assert one["num_processes"] == 1 and one["device"].startswith("neuron")
     assert_losses_close(two["losses"], one["losses"], BF16_TOL)
 
