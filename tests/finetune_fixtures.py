@@ -129,7 +129,9 @@ def assert_losses_close(got: Sequence[float], expected: Sequence[float], tol: di
     torch.testing.assert_close(
         torch.tensor(got, dtype=torch.float64), torch.tensor(expected, dtype=torch.float64), **tol
     )
-    return max(abs(g - e) / max(abs(e), 1e-12) for g, e in zip(got, expected, strict=True))
+    worst = max(abs(g - e) / max(abs(e), 1e-12) for g, e in zip(got, expected, strict=True))
+    print(f"losses: largest relative difference {worst:.2e} over {len(got)} steps")  # pytest -rP
+    return worst
 
 
 def reset_accelerate_state() -> None:
