@@ -56,7 +56,8 @@ def test_from_pretrained_device_map_neuron(tmp_path) -> None:
     pipe = build_flux()
     expected = run(pipe, flux_inputs(), "cpu")
     pipe.save_pretrained(tmp_path)
-    loaded = DiffusionPipeline.from_pretrained(tmp_path, device_map="neuron")
+    no_text = dict.fromkeys(["text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2"])
+    loaded = DiffusionPipeline.from_pretrained(tmp_path, device_map="neuron", **no_text)
     assert loaded.transformer.device.type == "neuron"
     assert loaded.vae.device.type == "neuron"
     torch.testing.assert_close(run(loaded, flux_inputs(), "neuron"), expected, **ROPE_FP32)
@@ -70,14 +71,23 @@ def test_from_pretrained_device_map_neuron(tmp_path) -> None:
         torch.testing.assert_close(loaded_state[name].cpu(), a, **EXACT, msg=name)
 
 
-@pytest.mark.parametrize("name", ["flux", "sdxl"])
+def _output_devices(module: torch.nn.Module) -> list[str]:
+    """Records the device of each output ``module`` computes (the proof it ran on neuron)."""
+    seen: list[str] = []
+    module.register_forward_hook(lambda m, args, out: seen.append(out.device.type))
+    return seen
+
+
+@pytest.mark.parametrize("name", ["flux", "wan"])
 def test_model_cpu_offload_matches_no_offload(name: str) -> None:
     case = CASES[name]
     expected = run(case.build().to("neuron"), case.inputs(), "neuron")
     pipe = case.build()
     pipe.enable_model_cpu_offload(device="neuron")
+    seen = _output_devices(getattr(pipe, case.denoiser).proj_out)
     got = run(pipe, case.inputs(), "neuron")
     torch.testing.assert_close(got, expected, **EXACT)
+    assert seen and set(seen) == {"neuron"}, seen
     # Offloaded after the run: the denoiser's weights are back on the host.
     assert getattr(pipe, case.denoiser).device.type == "cpu"
 
@@ -92,6 +102,8 @@ def test_group_offload_matches_no_offload(offload_type: str) -> None:
         offload_type=offload_type,
         num_blocks_per_group=1 if offload_type == "block_level" else None,
     )
+    seen = _output_devices(pipe.transformer.proj_out)
     got = run(pipe, case.inputs(), "neuron")
+    assert seen and set(seen) == {"neuron"}, seen
     torch.testing.assert_close(got, expected, **EXACT)
     assert {p.device.type for p in pipe.transformer.parameters()} == {"cpu"}

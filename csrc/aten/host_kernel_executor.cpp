@@ -97,8 +97,8 @@ const OpPlan& plan_for(const c10::OperatorHandle& op) {
 // the draw runs on the CPU from the generator's engine: the same numbers the same generator
 // gives on neuron, and its state advances. Replaces each neuron generator argument by its
 // engine; false (stack unchanged) without one, leaving the placement error to the caller.
-bool use_device_generator_engines(const OpPlan& plan, torch::jit::Stack* stack,
-                                        size_t first, size_t num_args) {
+bool use_device_generator_engines(const OpPlan& plan, torch::jit::Stack* stack, size_t first,
+                                  size_t num_args) {
   bool found = false;
   for (size_t i = 0; i < num_args; ++i) {
     c10::IValue& value = (*stack)[first + i];
