@@ -23,6 +23,7 @@ one per size) before timing.
 
 from __future__ import annotations
 
+import platform
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -185,10 +186,23 @@ def table(rows: list[Row]) -> Table:
     return Table(header, body)
 
 
+def cpu_model() -> str:
+    """The host CPU's model name (Linux), for the banner."""
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_and_start(__doc__.split("\n")[0], "fewer rounds", argv)
     if args is None:
         return 1
+    print(f"CPU: {cpu_model()}, ISA used by PyTorch: {torch.backends.cpu.get_cpu_capability()}")
     rows = measure(args.quick)
     print_table(table(rows), args.markdown)
     passed = sum(r.ratio >= TARGET for r in rows)
