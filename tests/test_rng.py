@@ -214,6 +214,24 @@ def test_cpu_generator_rejected_for_neuron_op():
         torch.randn(3, device=DEVICE, generator=torch.Generator())
 
 
+def test_neuron_generator_drives_host_draws():
+    # Diffusers' randn_tensor draws on the CPU and copies to neuron, with whatever generator
+    # the user passed: a neuron generator draws the numbers it would draw on neuron, from a
+    # CPU seed's engine, and advances.
+    g = torch.Generator(device=DEVICE).manual_seed(11)
+    host = torch.randn(2, 5, generator=g, device="cpu")
+    assert host.device.type == "cpu"
+    again = torch.randn(2, 5, generator=g, device="cpu")
+    g.manual_seed(11)
+    on_device = torch.randn(2, 5, generator=g, device=DEVICE)
+    torch.testing.assert_close(host, on_device.cpu(), **EXACT)
+    cpu_reference = torch.randn(2, 5, generator=torch.Generator().manual_seed(11))
+    torch.testing.assert_close(host, cpu_reference, **EXACT)
+    assert not torch.equal(host, again)
+    # Without a neuron generator, a CPU op never reaches the backend: nothing changes there.
+    assert torch.rand(3, generator=torch.Generator().manual_seed(1)).device.type == "cpu"
+
+
 def test_dropout_values_closed_form():
     torch.manual_seed(0)
     p = 0.3

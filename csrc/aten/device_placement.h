@@ -50,6 +50,9 @@ class DevicePlacement {
     }
   }
 
+  // Whether a neuron tensor or device argument was seen.
+  bool found() const { return device_ >= 0; }
+
   c10::DeviceIndex device() const {
     TORCH_CHECK(device_ >= 0, op_,
                 " was dispatched to the neuron backend but has no neuron tensor or device "

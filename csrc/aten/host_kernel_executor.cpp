@@ -91,6 +91,28 @@ const OpPlan& plan_for(const c10::OperatorHandle& op) {
   return *slot;
 }
 
+// An op on CPU tensors reaches this backend only through a neuron generator argument
+// (torch.randn(..., device="cpu", generator=torch.Generator("neuron"))). Libraries draw on the
+// host and copy to the device on purpose (Diffusers' randn_tensor always does for neuron), so
+// the draw runs on the CPU from the generator's engine: the same numbers the same generator
+// gives on neuron, and its state advances. Replaces each neuron generator argument by its
+// engine; false (stack unchanged) without one, leaving the placement error to the caller.
+bool use_device_generator_engines(const OpPlan& plan, torch::jit::Stack* stack, size_t first,
+                                  size_t num_args) {
+  bool found = false;
+  for (size_t i = 0; i < num_args; ++i) {
+    c10::IValue& value = (*stack)[first + i];
+    if (!plan.is_generator[i] || !value.isGenerator()) continue;
+    const at::Generator generator = value.toGenerator();
+    if (!generator.defined() || generator.device().type() != c10::DeviceType::PrivateUse1) {
+      continue;
+    }
+    value = c10::IValue(host_engine_for(generator, generator.device().index()));
+    found = true;
+  }
+  return found;
+}
+
 void run_on_host_kernels(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::FunctionSchema& schema = op.schema();
   const OpPlan& plan = plan_for(op);
@@ -113,6 +135,10 @@ void run_on_host_kernels(const c10::OperatorHandle& op, torch::jit::Stack* stack
     } else if (value.isDevice()) {
       placement.visit_device(value.toDevice());
     }
+  }
+  if (!placement.found() && use_device_generator_engines(plan, stack, first, num_args)) {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+    return;
   }
   const c10::DeviceIndex device = placement.device();
 

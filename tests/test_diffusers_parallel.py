@@ -1,0 +1,40 @@
+"""Diffusers tensor parallelism on neuron: torchrun, 2 processes, one neuron device each.
+
+``transformer.enable_parallelism(config=TensorParallelConfig(tp_degree=2))`` for every model
+whose transformer has a ``_tp_plan`` (FLUX.1, FLUX.2 and its Klein variant, Qwen-Image,
+Qwen-Image 2.1) gives the one-device output. Tolerance: atol 1e-5 on outputs in [0, 1] (the
+row-parallel layers sum two partial products with an all-reduce, which reorders a float
+reduction; measured differences are 2e-7 to 5e-7).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import clean_env
+from diffusers_fixtures import CASES
+
+TP_CASES = [name for name, case in CASES.items() if case.tensor_parallel]
+LINE = re.compile(r"rank (\d) (\w+) sharded=(\d+) max_diff=(\S+)")
+
+
+def test_tensor_parallel_matches_one_device() -> None:
+    assert TP_CASES == ["flux", "flux2", "flux2_klein", "qwenimage", "qwenimage21"]
+    script = Path(__file__).parent / "diffusers_tp_rank.py"
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+        + [str(script), *TP_CASES],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    results = {(int(r), name): (int(n), float(d)) for r, name, n, d in LINE.findall(done.stdout)}
+    assert set(results) == {(rank, name) for rank in (0, 1) for name in TP_CASES}, done.stdout
+    for (rank, name), (sharded, diff) in results.items():
+        assert sharded > 0, f"rank {rank}: no parameter of {name} was sharded"
+        assert diff <= 1e-5, f"rank {rank} {name}: max difference {diff} vs one device"
