@@ -30,7 +30,9 @@ def greedy_completions(
     if "attention_mask" in inputs and not bool(inputs["attention_mask"].all()):
         raise ValueError("greedy_completions expects prompts of equal length (no padding)")
     inputs = {name: tensor.to(model.device) for name, tensor in inputs.items()}
-    with torch.inference_mode():
+    # no_grad, not inference_mode: an FSDP2 model keeps the all-gather buffers it makes here,
+    # and inference tensors could not be updated in place by the training that follows.
+    with torch.no_grad():
         output = model.generate(
             **inputs, max_new_tokens=max_new_tokens, do_sample=False, disable_compile=True
         )
