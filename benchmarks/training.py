@@ -2,7 +2,7 @@
 
 The step is what ``SFTTrainer`` runs per batch: forward with labels (causal-LM loss),
 backward, ``torch.optim.AdamW`` step (fused on both devices, Trainer's default
-``adamw_torch_fused``), zero_grad. The model (~26M parameters, 4 layers, hidden 512, vocab 8000)
+``adamw_torch_fused``), zero_grad. The model (20.0M parameters, 4 layers, hidden 512, vocab 8000)
 is built from a config with a fixed seed; the neuron copy carries the CPU copy's weights.
 Pairs, each measured in the same run with alternating blocks (medians):
 
