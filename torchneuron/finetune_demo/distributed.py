@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     say(f"loss {curve.losses[0]:.3f} -> {curve.losses[-1]:.3f}")
     after = evaluation.answer(trainer.model, tokenizer, split.held_out)
     say(f"accuracy after training: {after.accuracy(split.held_out):.1%}")
-    checkpoint = os.path.join(tempfile.gettempdir(), "torchneuron-demo-tp-fsdp")
+    checkpoint = args.output_dir or os.path.join(tempfile.gettempdir(), "torchneuron-demo-tp-fsdp")
     trainer.save_model(checkpoint)
     status = 0
     if rank == 0:
