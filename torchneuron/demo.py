@@ -1,332 +1,201 @@
-"""The main job: generate with a small Llama-style model on ``neuron`` and check it against CPU.
+"""The main job: train a small language model from scratch on ``neuron`` to add numbers.
 
-Run it with ``python -m torchneuron.demo`` (or ``scripts/demo.sh``). It needs no network and no
-flags: the model is built from a ``transformers.LlamaConfig`` with seeded random weights, and
-the tokenizer is a byte-level BPE trained in a few milliseconds on a paragraph embedded below.
-One copy of the model runs on the CPU, an identical copy on the ``neuron`` device; both run
-greedy ``generate`` with a static KV cache on a batch of two prompts. The tokens must be
-identical (the process exits with status 1 if they are not).
+``python -m torchneuron.demo`` (or ``scripts/demo.sh``) needs no network and no flags. It
+generates two-digit addition problems, builds a character-level tokenizer and a Llama-style
+model from a config (random weights), measures the model's accuracy on held-out problems,
+trains it with TRL's ``SFTTrainer`` on the neuron device, measures again, saves the checkpoint,
+and reloads it in a separate CPU-only process (``TORCH_DEVICE_BACKEND_AUTOLOAD=0``) that must
+produce the same answers token for token. Exit status 0 when it did, and training helped.
 
-Random weights generate gibberish; the point is that the device produces exactly what
-PyTorch's CPU backend produces, through the unmodified Hugging Face generation loop. The
-prefill logits agree to about 1e-5 rather than bit for bit: on neuron,
-``scaled_dot_product_attention`` currently takes PyTorch's math path (bmm, softmax, bmm)
-where CPU takes its fused flash-attention kernel.
+``--steps``, ``--model-size``, ``--digits`` scale it; ``--nproc 4`` runs the tensor-parallel x
+FSDP recipe under torchrun (see ``torchneuron.finetune_demo.distributed``). The pieces live
+in ``torchneuron.finetune_demo``.
 """
 
 from __future__ import annotations
 
-import copy
+import argparse
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-import torch
-
-if TYPE_CHECKING:
-    from transformers import PreTrainedTokenizerFast
 
 # The tokenizer needs no worker threads: leave the host cores to the model.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-SEED = 0
-MAX_NEW_TOKENS = 24
-PROMPTS: tuple[str, ...] = (
-    "The software NeuronCore runs every operator",
-    "Trainium chips group physical cores into logical cores, so",
-)
-# The tokenizer's training text: any English paragraph works; this one describes the demo.
-CORPUS: tuple[str, ...] = (
-    "The neuron device is a PyTorch backend. Tensors live in device memory, and every "
-    "operator runs on a software NeuronCore that executes on the host CPU.",
-    "Trainium chips group physical cores into logical cores; each logical core is a device "
-    "with its own high bandwidth memory, streams and events.",
-    "A small Llama model is built from a configuration with random weights. It generates "
-    "tokens greedily with a static key value cache, first on the CPU and then on the device, "
-    "so that the two runs can be compared token by token.",
-    "The caching allocator keeps blocks of device memory for reuse, and the runtime counts "
-    "every operator that ran and every operator that fell back to the host.",
-)
-# Model shape: a scaled-down Llama 3 (grouped-query attention, SwiGLU, RMSNorm, RoPE).
-HIDDEN_SIZE = 256
-NUM_LAYERS = 4
-NUM_HEADS = 8
-NUM_KV_HEADS = 4
-INTERMEDIATE_SIZE = 512
-TOKENIZER_VOCAB = 1000
-# The model's matrices are tiny (a few hundred wide): one intra-op thread runs them as fast
-# as two, and cannot stall in OpenMP waiting for a descheduled worker on a busy small host
-# (measured: ~0.2 s per generate with 1 thread, 0.7–13 s with 2 on a loaded 2-core VM).
-INTRA_OP_THREADS = 1
+import torch
+
+from torchneuron.finetune_demo import evaluation, task, training
+from torchneuron.finetune_demo import model as models
+from torchneuron.finetune_demo.tokenizer import build_tokenizer
+
+HELD_OUT = 200
+MAX_TRAIN_PROBLEMS = 20_000
+SHOWN = 4  # example answers printed before and after training
 
 
-def progress(message: str) -> None:
-    """Prints one progress line, flushed at once."""
-    print(f"[demo] {message}", flush=True)
-
-
-def build_tokenizer(vocab_size: int = TOKENIZER_VOCAB) -> PreTrainedTokenizerFast:
-    """Trains a byte-level BPE tokenizer on CORPUS and wraps it for transformers.
-
-    Returns a ``PreTrainedTokenizerFast`` with left padding (what batched generation wants).
-    The vocabulary may be smaller than ``vocab_size`` when the corpus runs out of merges.
-    """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    core = Tokenizer(models.BPE())
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    core.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=["<pad>", "<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m torchneuron.demo",
+        description="Train a small causal LM from scratch on neuron to add numbers; check the "
+        "saved checkpoint on the CPU.",
     )
-    core.train_from_iterator(CORPUS, trainer=trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        pad_token="<pad>",
-        bos_token="<s>",
-        eos_token="</s>",
-        padding_side="left",
+    parser.add_argument("--steps", type=int, default=450, help="training steps (default 450)")
+    parser.add_argument(
+        "--model-size", choices=sorted(models.MODEL_SIZES), default="tiny", help="default tiny"
     )
-
-
-def build_model(vocab_size: int, pad_token_id: int, bos_token_id: int) -> torch.nn.Module:
-    """A seeded, randomly initialised LlamaForCausalLM in float32 and eval mode, on the CPU."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=HIDDEN_SIZE,
-        intermediate_size=INTERMEDIATE_SIZE,
-        num_hidden_layers=NUM_LAYERS,
-        num_attention_heads=NUM_HEADS,
-        num_key_value_heads=NUM_KV_HEADS,
-        max_position_embeddings=256,
-        pad_token_id=pad_token_id,
-        bos_token_id=bos_token_id,
-        eos_token_id=None,  # random weights: never stop early, always MAX_NEW_TOKENS
-        tie_word_embeddings=False,
+    parser.add_argument("--digits", type=int, default=2, help="digits per operand (default 2)")
+    parser.add_argument("--batch-size", type=int, default=128, help="per step (default 128)")
+    parser.add_argument("--learning-rate", type=float, default=3e-3, help="peak (default 3e-3)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="processes; 4 runs tensor parallel x FSDP (2 x 2) under torchrun",
     )
-    torch.manual_seed(SEED)
-    model = LlamaForCausalLM(config).to(torch.float32).eval()
-    # An untrained model at the default init (std 0.02) has nearly flat logits; a wider init
-    # makes greedy decoding decisive, so the comparison is about the device and not about ties.
-    with torch.no_grad():
-        for parameter in model.parameters():
-            if parameter.dim() > 1:
-                parameter.normal_(0.0, 0.1)
-    model.generation_config.pad_token_id = pad_token_id
-    model.generation_config.eos_token_id = None
-    return model
+    parser.add_argument(
+        "--output-dir", default=None, help="keep the checkpoint here (default: a temporary dir)"
+    )
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.batch_size < 1 or args.nproc < 1:
+        parser.error("--steps, --batch-size and --nproc must be positive")
+    return args
 
 
-TIMED_ROUNDS = 3  # timed generate calls per device, interleaved; the fastest counts
-
-
-@dataclass
-class GenerationRun:
-    """What one device produced: the new tokens, prefill logits and timing."""
-
-    device: str
-    inputs: dict[str, torch.Tensor]  # the prompt batch, on `device`
-    tokens: torch.Tensor  # (batch, MAX_NEW_TOKENS), on the CPU
-    prefill_logits: torch.Tensor  # (batch, prompt_len, vocab), float32, on the CPU
-    seconds: list[float] = field(default_factory=list)  # one entry per timed generate
-
-    @property
-    def tokens_per_second(self) -> float:
-        """Throughput of the fastest timed run (the least disturbed on a shared host)."""
-        return self.tokens.numel() / min(self.seconds)
-
-
-def synchronize(device: str) -> None:
-    """Waits for the device's queued work (a no-op on the CPU)."""
-    if device.startswith("neuron"):
-        torch.neuron.synchronize()
-
-
-def generate(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Greedy generation of exactly MAX_NEW_TOKENS tokens with a static KV cache."""
-    with torch.inference_mode():
-        return model.generate(
-            **inputs,
-            max_new_tokens=MAX_NEW_TOKENS,
-            min_new_tokens=MAX_NEW_TOKENS,
-            do_sample=False,
-            cache_implementation="static",
-            # On a neuron device with a static cache, transformers would torch.compile the
-            # decode step with backend="neuron". This demo checks eager execution against
-            # CPU eager (which transformers never auto-compiles), so both runs stay eager.
-            disable_compile=True,
+def show_answers(
+    out: Callable[[str], None], problems: Sequence[task.Problem], answers: evaluation.Answers
+) -> None:
+    for problem, text in zip(problems[:SHOWN], answers.completions[:SHOWN], strict=False):
+        got = task.Problem.read_answer(text)
+        verdict = "right" if text == problem.answer else "wrong"
+        out(
+            f"    {problem.prompt}{text:<{len(problem.answer)}}  (reads {got} ; "
+            f"{problem.a}+{problem.b}={problem.a + problem.b}: {verdict})"
         )
 
 
-def first_run(
-    model: torch.nn.Module, inputs: dict[str, torch.Tensor], device: str
-) -> GenerationRun:
-    """Prefill logits and one (untimed, warm-up) generation on ``device``."""
-    on_device = {name: tensor.to(device) for name, tensor in inputs.items()}
-    prompt_len = on_device["input_ids"].shape[1]
-    with torch.inference_mode():
-        prefill_logits = model(**on_device).logits.float().cpu()
-    output = generate(model, on_device)
-    return GenerationRun(device, on_device, output[:, prompt_len:].cpu(), prefill_logits)
-
-
-def timed_generate(model: torch.nn.Module, run: GenerationRun) -> None:
-    """Times one more generation on ``run.device`` and checks it repeats the first one."""
-    synchronize(run.device)
+def run(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
+    """The single-process demonstration; returns the exit status."""
     start = time.perf_counter()
-    output = generate(model, run.inputs)
-    synchronize(run.device)
-    run.seconds.append(time.perf_counter() - start)
-    prompt_len = run.inputs["input_ids"].shape[1]
-    if not torch.equal(output[:, prompt_len:].cpu(), run.tokens):
-        raise RuntimeError(f"{run.device}: generation is not deterministic across calls")
-
-
-def format_ops(ops: dict[str, int], top: int) -> list[str]:
-    """The ``top`` most executed ops as ``name  count`` lines."""
-    ranked = sorted(ops.items(), key=lambda item: (-item[1], item[0]))[:top]
-    width = max((len(name) for name, _ in ranked), default=0)
-    return [f"    {name:<{width}}  {count:>7}" for name, count in ranked]
-
-
-def describe_device() -> list[str]:
-    """Lines describing the current neuron device and its properties."""
-    props = torch.neuron.get_device_properties()
-    lines = [
-        f"device: {torch.device('neuron', torch.neuron.current_device())} "
-        f"({torch.neuron.device_count()} visible, "
-        f"accelerator={torch.accelerator.current_accelerator()})",
-        f"  name: {props.name}",
-        f"  total_memory: {props.total_memory / 2**30:.2f} GiB",
-    ]
-    for name in (
-        "chip",
-        "logical_nc_config",
-        "hbm_bytes",
-        "hbm_bandwidth_bytes_per_s",
-        "peak_bf16_flops",
-        "peak_fp32_flops",
-    ):
-        value = getattr(props, name, None)
-        if value is None:
-            continue
-        if name == "hbm_bytes":
-            value = f"{value / 2**30:.0f} GiB"
-        elif name == "hbm_bandwidth_bytes_per_s":
-            value = f"{value / 1e9:.0f} GB/s"
-        elif name.startswith("peak_"):
-            value = f"{value / 1e12:.2f} TFLOP/s"
-        lines.append(f"  {name}: {value}")
-    return lines
-
-
-def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) -> int:
-    """Runs the demonstration; returns 0 when CPU and neuron agree token for token."""
-    del argv  # no flags: everything is embedded
-    total_start = time.perf_counter()
-    torch.set_num_threads(INTRA_OP_THREADS)
+    torch.set_num_threads(1)  # tiny matrices: one thread is as fast and never stalls
     if not torch.neuron.is_available():
         out("error: no neuron device is available (check NEURON_RT_VISIBLE_CORES)")
         return 2
+    training.quiet_libraries()
+    device = torch.device("neuron", torch.neuron.current_device())
+    out(f"Device: {device} ({torch.neuron.get_device_name()}), {os.cpu_count()} host cores.")
+    out(
+        f"Task: add two {args.digits}-digit numbers. Written as characters, e.g. "
+        f"{task.Problem(42, 517 % 10**args.digits, args.digits).prompt}...; the answer is written"
+    )
+    out("  least significant digit first (the order in which carries are computed), so")
+    example = task.Problem(47, 38 % 10**args.digits, args.digits)
+    total = example.a + example.b
+    out(f"  {example.prompt}{example.answer} means {example.a}+{example.b}={total}.")
 
-    for line in describe_device():
-        out(line)
-
-    progress(f"host: {os.cpu_count()} cores, {torch.get_num_threads()} intra-op thread(s)")
-    progress("training a byte-level BPE tokenizer on the embedded corpus")
+    split = task.make_problems(args.digits, args.steps * args.batch_size, HELD_OUT, seed=args.seed)
     tokenizer = build_tokenizer()
-    vocab_size = len(tokenizer)
-    progress(f"tokenizer ready: {vocab_size} tokens")
-
-    progress(
-        f"building LlamaForCausalLM from a config (hidden {HIDDEN_SIZE}, {NUM_LAYERS} layers, "
-        f"{NUM_HEADS} heads, {NUM_KV_HEADS} KV heads, intermediate {INTERMEDIATE_SIZE}, "
-        f"vocab {vocab_size}, seed {SEED})"
-    )
-    cpu_model = build_model(vocab_size, tokenizer.pad_token_id, tokenizer.bos_token_id)
-    n_params = sum(p.numel() for p in cpu_model.parameters())
-    progress(f"model ready: {n_params / 1e6:.2f} M parameters")
-
-    inputs = tokenizer(list(PROMPTS), return_tensors="pt", padding=True)
-    inputs = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
-    progress(f"batch of {len(PROMPTS)} prompts, padded to {inputs['input_ids'].shape[1]} tokens")
-
-    progress(f"CPU: prefill + greedy generate, {MAX_NEW_TOKENS} new tokens, static cache")
-    cpu_run = first_run(cpu_model, inputs, "cpu")
-
-    progress("copying the model to neuron (.to('neuron'))")
-    torch.neuron.reset_peak_memory_stats()
-    neuron_model = copy.deepcopy(cpu_model).to("neuron")
-    weights_bytes = torch.neuron.memory_allocated()
-    torch.neuron.clear_op_tracking()
-    progress(f"neuron: prefill + greedy generate, {MAX_NEW_TOKENS} new tokens, static cache")
-    neuron_run = first_run(neuron_model, inputs, "neuron")
-    executed = torch.neuron.get_executed_ops()
-    fallbacks = torch.neuron.get_fallback_ops()
-
-    progress(f"timing: {TIMED_ROUNDS} rounds of generate, alternating CPU and neuron")
-    for _ in range(TIMED_ROUNDS):
-        timed_generate(cpu_model, cpu_run)
-        timed_generate(neuron_model, neuron_run)
-
-    out("")
-    for i, prompt in enumerate(PROMPTS):
-        out(f"prompt {i}: {prompt!r}")
-        for run in (cpu_run, neuron_run):
-            ids = run.tokens[i].tolist()
-            out(f"  {run.device:>6} tokens: {ids}")
-        out(f"  text: {tokenizer.decode(neuron_run.tokens[i], skip_special_tokens=True)!r}")
-
-    identical = torch.equal(cpu_run.tokens, neuron_run.tokens)
-    logits_diff = (cpu_run.prefill_logits - neuron_run.prefill_logits).abs().max().item()
-    out("")
-    out(f"tokens identical: {identical}")
-    out(f"prefill logits max |cpu - neuron|: {logits_diff:.3g}")
-    for run in (cpu_run, neuron_run):
-        out(
-            f"{run.device:>6}: {run.tokens.numel()} tokens in {min(run.seconds):.3f} s = "
-            f"{run.tokens_per_second:.1f} tokens/s (best of "
-            f"{', '.join(f'{t:.3f}' for t in run.seconds)} s)"
-        )
-    ratio = neuron_run.tokens_per_second / cpu_run.tokens_per_second
-    out(f"neuron/cpu generation throughput: {ratio:.2f}x")
-    mib = 2**20
+    model = models.build_model(args.model_size, tokenizer, max_length=64, seed=args.seed)
     out(
-        f"neuron memory: weights {weights_bytes / mib:.1f} MiB, allocated now "
-        f"{torch.neuron.memory_allocated() / mib:.1f} MiB, peak "
-        f"{torch.neuron.max_memory_allocated() / mib:.1f} MiB, reserved "
-        f"{torch.neuron.memory_reserved() / mib:.1f} MiB"
+        f"Model: Llama-style, '{args.model_size}' "
+        f"({models.parameter_count(model) / 1e6:.2f} M parameters), random weights; "
+        f"tokenizer: one token per character ({len(tokenizer)} tokens)."
+    )
+    model.to(device)
+
+    out(f"\nBefore training, on {len(split.held_out)} held-out problems (never trained on):")
+    before = evaluation.answer(model, tokenizer, split.held_out)
+    show_answers(out, split.held_out, before)
+    out(f"  accuracy: {before.accuracy(split.held_out):.1%}")
+
+    out(
+        f"\nTraining on neuron with TRL SFTTrainer: {args.steps} steps x {args.batch_size} "
+        f"problems, loss on the answer only."
+    )
+    scratch = args.output_dir or tempfile.mkdtemp(prefix="torchneuron-demo-")
+    plan = training.TrainingPlan(
+        steps=args.steps,
+        batch_size=args.batch_size,
+        learning_rate=args.learning_rate,
+        output_dir=scratch,
+        seed=args.seed,
+        log_every=max(1, args.steps // 20),
+    )
+    curve = training.LossCurve()
+    trainer = training.make_trainer(model, tokenizer, task.as_records(split.train), plan, curve)
+    train_start = time.perf_counter()
+    trainer.train()
+    train_seconds = time.perf_counter() - train_start
+    out(
+        f"  loss {curve.losses[0]:.3f} (step {curve.steps[0]}) -> {curve.losses[-1]:.3f} "
+        f"(step {curve.steps[-1]}) in {train_seconds:.0f} s "
+        f"({args.steps * args.batch_size / train_seconds:.0f} problems/s); "
+        f"device memory peak {torch.neuron.max_memory_allocated() / 2**20:.0f} MiB"
+    )
+
+    out("\nAfter training, the same held-out problems:")
+    after = evaluation.answer(trainer.model, tokenizer, split.held_out)
+    show_answers(out, split.held_out, after)
+    out(f"  accuracy: {after.accuracy(split.held_out):.1%}")
+
+    checkpoint = os.path.join(scratch, "checkpoint")
+    trainer.save_model(checkpoint)
+    tokenizer.save_pretrained(checkpoint)
+    out(f"\nSaved the checkpoint (trainer.save_model) to {checkpoint}.")
+    out("Reloading it in a separate CPU-only Python process (TORCH_DEVICE_BACKEND_AUTOLOAD=0):")
+    reload = evaluation.answer_in_cpu_process(checkpoint, split.held_out)
+    same = evaluation.identical_rows(after, reload.answers)
+    out(
+        f"  model on {reload.model_device}, neuron backend loaded there: {reload.device_registered}"
     )
     out(
-        f"ops executed on neuron (one prefill + one generate): {sum(executed.values())} calls "
-        f"of {len(executed)} distinct ops; top 10:"
+        f"  accuracy: {reload.answers.accuracy(split.held_out):.1%}; identical answers to "
+        f"neuron's, token for token: {same}/{len(split.held_out)}"
     )
-    for line in format_ops(executed, 10):
-        out(line)
-    if fallbacks:
-        out(f"fallback ops (host round trip): {sum(fallbacks.values())} calls")
-        for line in format_ops(fallbacks, 10):
-            out(line)
-    else:
-        out("fallback ops (host round trip): none")
-    out(f"total time: {time.perf_counter() - total_start:.1f} s")
+    if args.output_dir is None:
+        shutil.rmtree(scratch, ignore_errors=True)
 
-    if not identical:
-        mismatch = (cpu_run.tokens != neuron_run.tokens).nonzero().tolist()
-        out(f"FAIL: neuron tokens differ from CPU at (row, step) {mismatch[:8]}")
-        return 1
-    out("OK: neuron generated exactly the CPU's tokens")
-    return 0
+    acc_before, acc_after = before.accuracy(split.held_out), after.accuracy(split.held_out)
+    out(
+        f"\nResult: accuracy {acc_before:.1%} before -> {acc_after:.1%} after training; "
+        f"the CPU reload matches neuron on {same}/{len(split.held_out)} problems; "
+        f"total {time.perf_counter() - start:.0f} s."
+    )
+    ok = same == len(split.held_out) and not reload.device_registered and acc_after > acc_before
+    out("OK" if ok else "FAIL: see above")
+    return 0 if ok else 1
+
+
+def launch_distributed(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Re-runs the demo's distributed recipe under torchrun with ``args.nproc`` processes."""
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or "torchrun"
+    forwarded = [a for a in argv if not a.startswith("--nproc")]
+    if "--nproc" in argv:  # drop the value that followed a separate "--nproc"
+        index = list(argv).index("--nproc")
+        forwarded = list(argv[:index]) + list(argv[index + 2 :])
+    command = [
+        torchrun,
+        "--standalone",
+        f"--nproc_per_node={args.nproc}",
+        "-m",
+        "torchneuron.finetune_demo.distributed",
+        *forwarded,
+    ]
+    print(f"launching: {' '.join(command)}", flush=True)
+    return subprocess.call(command)
+
+
+def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    if args.nproc > 1:
+        return launch_distributed(args, argv)
+    return run(args, out)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -1,0 +1,10 @@
+"""The pieces of the main job (``python -m torchneuron.demo``): fine-tune a small causal LM.
+
+- ``task``: the addition problems (data, prompts, answers, accuracy);
+- ``tokenizer``: a character-level tokenizer made locally;
+- ``model``: the model sizes, built from a ``LlamaConfig``;
+- ``training``: TRL ``SFTTrainer`` with a progress bar and the loss;
+- ``evaluation``: greedy answers on the device and their accuracy;
+- ``cpu_reload``: a script run in a plain CPU process (no device) on the saved checkpoint;
+- ``distributed``: the TP x FSDP recipe under torchrun.
+"""
