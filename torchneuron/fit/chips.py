@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# NeuronLink bandwidth per chip (bytes/s), which the runtime's profiles do not carry: AWS's
-# instance pages give 768 GB/s of NeuronLink-v2 per trn1 chip... see docs/fidelity.md.
+# NeuronLink bandwidth per chip (bytes/s), which the runtime's profiles do not carry. trn3:
+# 2.56 TB/s per device (AWS's Trainium3 architecture page); trn2: 1.28 TB/s and trn1: 384 GB/s
+# are assumptions not checked against an AWS page here (docs/fidelity.md).
 NEURONLINK_BYTES_PER_S = {"trn1": 384e9, "trn2": 1.28e12, "trn3": 2.56e12}
 
 
