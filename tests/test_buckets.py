@@ -51,7 +51,7 @@ def test_causal_lm_with_mask_and_labels_equals_eager() -> None:
     config = LlamaConfig(
         hidden_size=32,
         intermediate_size=64,
-        num_hidden_layers=2,
+        num_hidden_layers=1,
         num_attention_heads=4,
         num_key_value_heads=2,
         vocab_size=97,
@@ -59,7 +59,7 @@ def test_causal_lm_with_mask_and_labels_equals_eager() -> None:
     model = LlamaForCausalLM(config).to("neuron").eval()
     wrapped = pad_to_buckets(model, buckets=(16, 32), dim=1, compile=True)
     with audit() as result, torch.no_grad():
-        for n in (5, 11, 16, 23):
+        for n in (5, 16, 23):
             ids = torch.randint(0, 97, (2, n), device="neuron")
             got = wrapped(input_ids=ids, labels=ids, use_cache=False)
             want = model(input_ids=ids, labels=ids, use_cache=False)
