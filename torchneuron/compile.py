@@ -70,6 +70,8 @@ class _Metrics:
         self.host_graphs = 0  # forward/backward/inference graphs lowered to host code
         self.recompile_reasons: list[str] = []
         self.signatures: dict[int, list[list[tuple[str, tuple[int, ...], str]]]] = {}
+        # One entry per graph handed to the backend, in order: for torchneuron.compile_audit.
+        self.graphs: list[dict[str, Any]] = []
 
 
 metrics = _Metrics()
@@ -133,6 +135,24 @@ def _signature(gm: torch.fx.GraphModule) -> list[tuple[str, tuple[int, ...], str
     return sig
 
 
+def _frame_name(gm: torch.fx.GraphModule) -> str:
+    """file:line function where the captured code starts, from the first op's stack trace."""
+    import re
+
+    for node in gm.graph.nodes:
+        trace = node.meta.get("stack_trace")
+        if isinstance(trace, str):
+            found = re.search(r'File "([^"]+)", line (\d+), in (\S+)', trace)
+            if found:
+                return f"{os.path.basename(found[1])}:{found[2]} {found[3]}"
+    for node in gm.graph.nodes:  # a module's graph may carry only its module stack
+        stack = node.meta.get("nn_module_stack")
+        if stack:
+            _, owner = next(iter(stack.values()))
+            return f"{getattr(owner, '__qualname__', owner)}.forward"
+    return "?"
+
+
 def _note_compile(gm: torch.fx.GraphModule) -> None:
     """Counts the compile; on a recompile of a frame, logs the inputs whose shape changed."""
     from torch._guards import CompileContext
@@ -141,6 +161,14 @@ def _note_compile(gm: torch.fx.GraphModule) -> None:
     signature = _signature(gm)
     with metrics.lock:
         metrics.compiles += 1
+        entry: dict[str, Any] = {
+            "compile_id": str(compile_id),
+            "frame_id": None if compile_id is None else compile_id.frame_id,
+            "code": _frame_name(gm),
+            "signature": signature,
+            "reason": "first compile of this frame",
+        }
+        metrics.graphs.append(entry)
         if compile_id is None:
             return
         seen = metrics.signatures.setdefault(compile_id.frame_id or 0, [])
@@ -160,6 +188,7 @@ def _note_compile(gm: torch.fx.GraphModule) -> None:
         ]
         reason = "; ".join(changed) if changed else "a guard on something other than a shape failed"
         metrics.recompile_reasons.append(reason)
+        entry["reason"] = reason
     if not changed:  # another module or a changed Python value: Dynamo's business, not shapes
         log.info("neuron: recompiling %s: %s", compile_id, reason)
         return

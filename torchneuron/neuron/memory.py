@@ -85,6 +85,7 @@ def memory_summary(device: DeviceLike = None, abbreviated: bool = False) -> str:
         ("Allocations", "allocation", False),
         ("Active allocs", "active", False),
         ("Reserved segments", "segment", False),
+        ("Non-releasable allocs", "inactive_split", False),
     ]
     header = f"{'Metric':<24}{'Cur Usage':>14}{'Peak Usage':>14}{'Tot Alloc':>14}{'Tot Freed':>14}"
     lines = [
@@ -103,6 +104,13 @@ def memory_summary(device: DeviceLike = None, abbreviated: bool = False) -> str:
             ]
             name = label if pool == "all" else f"  from {pool}"
             lines.append(f"{name:<24}" + "".join(f"{fmt(v):>14}" for v in values))
+    lines.append("-" * len(header))
+    for label, key in (
+        ("Oversize allocations", "oversize_allocations"),
+        ("Oversize segments", "oversize_segments"),
+    ):
+        values = [stats.get(f"{key}.{m}", 0) for m in ("current", "peak", "allocated", "freed")]
+        lines.append(f"{label:<24}" + "".join(f"{v:>14}" for v in values))
     lines.append("-" * len(header))
     lines.append(
         f"OOMs: {stats.get('num_ooms', 0)}   alloc retries: {stats.get('num_alloc_retries', 0)}   "
