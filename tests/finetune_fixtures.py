@@ -150,7 +150,7 @@ def plain_cpu_env() -> dict[str, str]:
     return env
 
 
-def run_python(
+def run_interpreter(
     args: Sequence[str], *, timeout: float, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
     """`python args...` with this interpreter; fails the caller with stderr on error."""

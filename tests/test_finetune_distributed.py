@@ -36,7 +36,7 @@ from finetune_fixtures import (
     make_tokenizer,
     plain_cpu_env,
     reset_accelerate_state,
-    run_python,
+    run_interpreter,
     tiny_model,
 )
 
@@ -51,7 +51,7 @@ ACCELERATE_WORKER = str(TESTS_DIR / "finetune_accelerate_worker.py")
 def _torchrun(nproc: int, *args: str) -> None:
     env = dict(os.environ)
     env.pop("LOCAL_RANK", None)
-    run_python(
+    run_interpreter(
         ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *args],
         timeout=DEADLINE_S,
         env=env,
@@ -98,7 +98,7 @@ def test_accelerate_launch_two_processes(tmp_path):
     out = tmp_path / "two.json"
     env = dict(os.environ)
     env.pop("LOCAL_RANK", None)
-    run_python(
+    run_interpreter(
         ["-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1",
          "--multi_gpu", "--mixed_precision", "bf16", "--dynamo_backend", "no",
          ACCELERATE_WORKER, str(out), "bf16"],
@@ -144,7 +144,7 @@ def test_tp2_fsdp2_four_ranks_sft_save_and_cpu_reload(model_dir, reference, tmp_
         "assert 'torchneuron' not in sys.modules and not hasattr(torch, 'neuron')\n"
         "print(json.dumps({'device': str(logits.device), 'logits': logits.tolist()}))\n"
     )
-    done = run_python(["-c", load], timeout=DEADLINE_S, env=plain_cpu_env())
+    done = run_interpreter(["-c", load], timeout=DEADLINE_S, env=plain_cpu_env())
     cpu = json.loads(done.stdout.strip().splitlines()[-1])
     assert cpu["device"] == "cpu"
     trained = torch.tensor(got["logits"])
