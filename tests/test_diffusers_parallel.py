@@ -18,7 +18,7 @@ from conftest import clean_env
 from diffusers_fixtures import CASES
 
 TP_CASES = [name for name, case in CASES.items() if case.tensor_parallel]
-LINE = re.compile(r"rank (\d) (\w+) sharded=(\d+) max_diff=(\S+)")
+LINE = re.compile(r"rank (\d) (\w+) sharded=(\d+) max_diff=([0-9.e+-]+)")
 
 
 def test_tensor_parallel_matches_one_device() -> None:

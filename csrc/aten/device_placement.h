@@ -56,8 +56,7 @@ class DevicePlacement {
   c10::DeviceIndex device() const {
     TORCH_CHECK(device_ >= 0, op_,
                 " was dispatched to the neuron backend but has no neuron tensor or device "
-                "argument (a neuron generator with CPU tensors?). Use a CPU generator for CPU "
-                "tensors.");
+                "argument. Move its tensors to the device with .to('neuron').");
     TORCH_CHECK(host_arg_ == nullptr,
                 "Expected all tensors to be on the same device, but found at least two devices, "
                 "neuron:",
