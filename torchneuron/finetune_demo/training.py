@@ -126,3 +126,15 @@ def make_trainer(
     )
     trainer.remove_callback(PrinterCallback)  # it prints every log dict; the bar shows the loss
     return trainer
+
+
+def trained_model(trainer: SFTTrainer) -> PreTrainedModel:
+    """The trained model without Accelerate's mixed-precision wrapper.
+
+    ``SFTConfig`` defaults to ``bf16=True``, and Accelerate then wraps ``model.forward`` in
+    bf16 autocast for good, so generating with ``trainer.model`` after training would run in
+    bf16 while a reloaded checkpoint runs in float32 (measured: logits differ by ~0.06 and
+    1-4 of 200 greedy answers flip). Unwrapped, the device runs the float32 model that was
+    saved, and its answers can be compared with the CPU reload token for token.
+    """
+    return trainer.accelerator.unwrap_model(trainer.model, keep_fp32_wrapper=False)
