@@ -67,9 +67,13 @@ class LossCurve(TrainerCallback):
 def quiet_libraries() -> None:
     """Hide the libraries' per-dataset progress bars and advisory warnings: the demo's own
     lines say what happens."""
+    import warnings
+
     import datasets
     import transformers
 
+    # TRL 1.16's SFTConfig still sets the renamed `gradient_checkpointing` field itself.
+    warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*deprecated")
     datasets.disable_progress_bars()
     datasets.utils.logging.set_verbosity_error()
     transformers.utils.logging.set_verbosity_error()
