@@ -54,7 +54,7 @@ plan = training.TrainingPlan(steps=30, batch_size=32, learning_rate=3e-3, output
 curve = training.LossCurve(show_bar=rank == 0)
 trainer = training.make_trainer(model, tokenizer, task.as_records(split.train), plan, curve)
 trainer.train()
-answers = evaluation.answer(trainer.model, tokenizer, split.held_out)
+answers = evaluation.answer(training.trained_model(trainer), tokenizer, split.held_out)
 if rank == 0:
     print(f"loss {curve.losses[0]:.3f} -> {curve.losses[-1]:.3f} over {plan.steps} steps")
     print(f"held-out accuracy {answers.accuracy(split.held_out):.0%} (more steps: the main job)")

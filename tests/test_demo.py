@@ -75,8 +75,13 @@ def test_train_on_neuron_then_reload_on_cpu(tmp_path):
     # answer format and the digit frequencies (measured: ~2.6 -> ~1.3).
     assert statistics.mean(curve.losses[-4:]) < statistics.mean(curve.losses[:4]) - 0.5
 
-    on_neuron = evaluation.answer(trainer.model, tokenizer, split.held_out)
-    assert trainer.model.device.type == "neuron"
+    ids = tokenizer([p.prompt for p in split.held_out], return_tensors="pt")["input_ids"]
+    ids = ids.to("neuron")
+    with torch.no_grad():
+        wrapped_logits = trainer.model(ids).logits.cpu()
+    trained = training.trained_model(trainer)
+    assert trained.device.type == "neuron"
+    on_neuron = evaluation.answer(trained, tokenizer, split.held_out)
     # Accuracy against the closed form a + b, read back from the (reversed) answer text.
     expected = sum(
         len(t) == 3 and task.Problem.read_answer(t) == p.a + p.b
@@ -88,6 +93,9 @@ def test_train_on_neuron_then_reload_on_cpu(tmp_path):
     trainer.save_model(str(checkpoint))
     reload = evaluation.answer_in_cpu_process(checkpoint, split.held_out)
     assert not reload.device_registered
+    # Regression: trainer.model kept Accelerate's bf16 autocast wrapper (SFTConfig's bf16=True
+    # default), so its logits were not the saved float32 model's; trained_model unwraps it.
+    assert not torch.equal(wrapped_logits, trained(ids).logits.cpu())
     assert reload.model_device == "cpu"
     assert reload.answers.tokens == on_neuron.tokens  # greedy, float32: token for token
     assert evaluation.identical_rows(reload.answers, on_neuron) == 48

@@ -114,7 +114,7 @@ def run(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
 
     out(
         f"\nTraining on neuron with TRL SFTTrainer: {args.steps} steps x {args.batch_size} "
-        f"problems, loss on the answer only."
+        f"problems, bf16 autocast (TRL's default), loss on the answer only."
     )
     scratch = args.output_dir or tempfile.mkdtemp(prefix="torchneuron-demo-")
     plan = training.TrainingPlan(
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace, out: Callable[[str], None] = print) -> int:
     )
 
     out("\nAfter training, the same held-out problems:")
-    after = evaluation.answer(trainer.model, tokenizer, split.held_out)
+    after = evaluation.answer(training.trained_model(trainer), tokenizer, split.held_out)
     show_answers(out, split.held_out, after)
     out(f"  accuracy: {after.accuracy(split.held_out):.1%}")
 

@@ -79,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     trainer = training.make_trainer(model, tokenizer, task.as_records(split.train), plan, curve)
     trainer.train()
     say(f"loss {curve.losses[0]:.3f} -> {curve.losses[-1]:.3f}")
-    after = evaluation.answer(trainer.model, tokenizer, split.held_out)
+    after = evaluation.answer(training.trained_model(trainer), tokenizer, split.held_out)
     say(f"accuracy after training: {after.accuracy(split.held_out):.1%}")
     checkpoint = args.output_dir or os.path.join(tempfile.gettempdir(), "torchneuron-demo-tp-fsdp")
     trainer.save_model(checkpoint)

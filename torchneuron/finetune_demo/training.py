@@ -67,9 +67,13 @@ class LossCurve(TrainerCallback):
 def quiet_libraries() -> None:
     """Hide the libraries' per-dataset progress bars and advisory warnings: the demo's own
     lines say what happens."""
+    import warnings
+
     import datasets
     import transformers
 
+    # TRL 1.16's SFTConfig still sets the renamed `gradient_checkpointing` field itself.
+    warnings.filterwarnings("ignore", message=".*gradient_checkpointing.*deprecated")
     datasets.disable_progress_bars()
     datasets.utils.logging.set_verbosity_error()
     transformers.utils.logging.set_verbosity_error()
@@ -126,3 +130,15 @@ def make_trainer(
     )
     trainer.remove_callback(PrinterCallback)  # it prints every log dict; the bar shows the loss
     return trainer
+
+
+def trained_model(trainer: SFTTrainer) -> PreTrainedModel:
+    """The trained model without Accelerate's mixed-precision wrapper.
+
+    ``SFTConfig`` defaults to ``bf16=True``, and Accelerate then wraps ``model.forward`` in
+    bf16 autocast for good, so generating with ``trainer.model`` after training would run in
+    bf16 while a reloaded checkpoint runs in float32 (measured: logits differ by ~0.06 and
+    1-4 of 200 greedy answers flip). Unwrapped, the device runs the float32 model that was
+    saved, and its answers can be compared with the CPU reload token for token.
+    """
+    return trainer.accelerator.unwrap_model(trainer.model, keep_fp32_wrapper=False)
