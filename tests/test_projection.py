@@ -52,3 +52,17 @@ def test_projection_of_a_model_step() -> None:
     assert one.tokens_per_second == pytest.approx(256 / one.step_seconds)
     assert 0 < one.mfu < 1 and one.collective_seconds == 0 < two.collective_seconds
     assert one.ops[0].seconds >= one.ops[-1].seconds  # slowest first
+
+
+def test_cli_text_and_html(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from torchneuron.projection.__main__ import main
+
+    html = tmp_path / "projection.html"
+    argv = ["tiny-llama", "--seq", "64", "--chip", "trn1", "--fsdp", "2", "--html", str(html)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "trn1 (LNC=1)" in out and "tokens/s" in out and "slowest ops" in out
+    text = html.read_text()
+    assert text.startswith("<!DOCTYPE html>") and "<svg" in text and "<script" not in text
+    assert main(["tiny-llama", "--batch", "0"]) == 2
+    assert "batch and seq must be >= 1" in capsys.readouterr().err
