@@ -95,3 +95,15 @@ def test_wait_event_none_was_silently_ignored():
     event = torch.neuron.Event()
     event.record()
     torch.neuron.Stream().wait_event(event)  # a real event is still waited for
+
+
+@pytest.mark.parametrize("raw", ["nan", "NaN", "-nan"])
+def test_lock_timeout_nan_is_refused(raw, monkeypatch):
+    """A NaN timeout made a wait for a live lock endless (monotonic() >= NaN is never true)."""
+    from torchneuron import neff_cache
+
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT", raw)
+    with pytest.raises(ValueError, match="TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT=.* must be >= 0"):
+        neff_cache.lock_timeout()
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT", "inf")  # wait forever: valid
+    assert neff_cache.lock_timeout() == float("inf")
