@@ -107,3 +107,36 @@ def test_lock_timeout_nan_is_refused(raw, monkeypatch):
         neff_cache.lock_timeout()
     monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT", "inf")  # wait forever: valid
     assert neff_cache.lock_timeout() == float("inf")
+
+
+def _average_against_sum(rank: int, size: int) -> str:
+    import torch.distributed as dist
+
+    t = torch.full((3,), float(rank + 1), device="neuron")
+    op = dist.ReduceOp.AVG if rank == 0 else dist.ReduceOp.SUM
+    try:
+        dist.all_reduce(t, op=op)
+    except RuntimeError as error:
+        assert "do not match" in str(error) and "then averaged" in str(error), str(error)
+    else:
+        raise AssertionError(f"AVG on rank 0 and SUM on rank 1 gave {t.cpu().tolist()}")
+    full = torch.ones(2 * 3, device="neuron")
+    out = torch.empty(3, device="neuron")
+    try:
+        dist.reduce_scatter_tensor(out, full, op=op)
+    except RuntimeError as error:
+        assert "do not match" in str(error), str(error)
+    else:
+        raise AssertionError("reduce_scatter_tensor with AVG against SUM returned")
+    t = torch.ones(3, device="neuron")
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)  # the group still works, and AVG on both is fine
+    assert t.cpu().tolist() == [1.0] * 3
+    return "ok"
+
+
+def test_average_against_sum_is_a_mismatch():
+    """AVG is a SUM then a division, and the shared-memory path compared only the SUM: a rank
+    averaging while its peer summed got 1.5 and 3.0 silently (found by the collectives fuzz)."""
+    from test_distributed import run_ranks
+
+    assert run_ranks(_average_against_sum, 2) == {0: "ok", 1: "ok"}
