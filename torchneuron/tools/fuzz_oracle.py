@@ -89,7 +89,10 @@ def same_bytes(neuron: torch.Tensor, cpu: torch.Tensor) -> bool:
         return True
     try:
         got = neuron.detach().cpu()  # (a transfer makes non-dense views contiguous, as CUDA's)
-        got, ref = got.contiguous().reshape(-1), cpu.detach().contiguous().reshape(-1)
+        # (a fresh contiguous copy: .contiguous() keeps a size-1 dim's stride of 0,
+        # which .view(uint8) refuses)
+        got = got.clone(memory_format=torch.contiguous_format).reshape(-1)
+        ref = cpu.detach().clone(memory_format=torch.contiguous_format).reshape(-1)
         return torch.equal(got.view(torch.uint8), ref.view(torch.uint8))
     except (RuntimeError, NotImplementedError):  # sub-byte dtypes: compare the storage bytes
         if neuron.storage_offset() != cpu.storage_offset():
@@ -127,7 +130,8 @@ def assert_same(got: Any, want: Any, check_strides: bool = True) -> None:
         if not same_bytes(got, want):
             raise Finding(
                 f"result differs from the CPU: {tuple(got.shape)}/{got.stride()} {got.dtype} "
-                f"vs {tuple(want.shape)}/{want.stride()} {want.dtype}"
+                f"vs {tuple(want.shape)}/{want.stride()} {want.dtype}: "
+                f"{_values(got)} vs {_values(want)}"
             )
     elif isinstance(want, (tuple, list)):
         if len(got) != len(want):
@@ -136,3 +140,10 @@ def assert_same(got: Any, want: Any, check_strides: bool = True) -> None:
             assert_same(g, w, check_strides)
     elif got != want:
         raise Finding(f"result {got!r} differs from the CPU's {want!r}")
+
+
+def _values(t: torch.Tensor) -> str:
+    try:
+        return repr(t.detach().cpu().reshape(-1)[:8].tolist())
+    except (RuntimeError, NotImplementedError):
+        return "(values not printable)"

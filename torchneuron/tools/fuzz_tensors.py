@@ -149,7 +149,7 @@ def _copy(op: str, src_dtype: torch.dtype, dst_dtype: torch.dtype, view: tuple[A
           non_blocking: bool, device: str, on: str) -> Callable[[], Any]:  # fmt: skip
     """The operation with `on` ("neuron" or "cpu") standing for the neuron side."""
     dev = device if on == "neuron" else "cpu"
-    other = "neuron:1" if on == "neuron" else "cpu"
+    other = ("neuron:0" if device == "neuron:1" else "neuron:1") if on == "neuron" else "cpu"
 
     def go() -> Any:
         if op == "to-device":  # a CPU view copied to the device
