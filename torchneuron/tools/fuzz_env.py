@@ -3,10 +3,11 @@
 Each case sets one variable to a generated value and runs a fresh interpreter (the runtime
 reads its configuration once per process) that uses what the variable configures: a tensor
 on the device, the compile cache's directory and lock timeout, the process-group transport
-(TORCHNEURON_INDUCTOR_DEVICE acts at import, which must succeed). The oracle: the child succeeds (the value is valid, or the
-variable is documented to take any value), or it fails with a Python exception whose message
-names the variable; a crash, a hang (the child is killed after a timeout), a traceback that
-does not name the variable, or a value accepted against the table's rules is a finding.
+(TORCHNEURON_INDUCTOR_DEVICE acts at import, which must succeed). The oracle: the child
+succeeds (the value is valid, or the variable is documented to take any value), or it
+fails with a Python exception whose message names the variable; a crash, a hang (the child
+is killed after a timeout), a traceback that does not name the variable, or a value
+accepted against the table's rules is a finding.
 """
 
 from __future__ import annotations
