@@ -88,7 +88,7 @@ def lock_timeout() -> float:
         raise ValueError(
             f"TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT={raw!r} is not a number of seconds"
         ) from None
-    if value < 0:
+    if not value >= 0:  # NaN too: a NaN deadline is never reached, so a wait would not end
         raise ValueError(f"TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT={raw!r} must be >= 0 seconds")
     return value
 

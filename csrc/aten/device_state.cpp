@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <atomic>
+#include <cstdlib>
 
 #include "runtime_status.h"
 
@@ -28,14 +29,27 @@ c10::DeviceIndex device_count_or_zero() noexcept {
   return nrt_device_count(&count) == NRT_SUCCESS ? static_cast<c10::DeviceIndex>(count) : 0;
 }
 
+namespace {
+[[noreturn]] void invalid_device_index(int64_t index, int count) {
+  TORCH_CHECK_INDEX(false, "neuron:", index, " is not a valid device: this process sees ", count,
+                    " neuron device(s), so use an index from 0 to ", count - 1,
+                    " (NEURON_RT_VISIBLE_CORES and NEURON_LOGICAL_NC_CONFIG decide how many "
+                    "there are).");
+  std::abort();  // unreachable: TORCH_CHECK_INDEX(false, ...) throws
+}
+}  // namespace
+
 void check_device_index(c10::DeviceIndex index) {
   const auto count = device_count();
   if (C10_LIKELY(index >= 0 && index < count)) return;
-  TORCH_CHECK_INDEX(false, "neuron:", static_cast<int>(index),
-                    " is not a valid device: this process sees ", static_cast<int>(count),
-                    " neuron device(s), so use an index from 0 to ", static_cast<int>(count) - 1,
-                    " (NEURON_RT_VISIBLE_CORES and NEURON_LOGICAL_NC_CONFIG decide how many "
-                    "there are).");
+  invalid_device_index(index, static_cast<int>(count));
+}
+
+c10::DeviceIndex checked_device_index(int64_t index, bool allow_current) {
+  const auto count = device_count();
+  if (index == -1 && allow_current) return tls_current_device;
+  if (index < 0 || index >= count) invalid_device_index(index, static_cast<int>(count));
+  return static_cast<c10::DeviceIndex>(index);
 }
 
 c10::DeviceIndex current_device() { return tls_current_device; }

@@ -438,6 +438,12 @@ class NeuronBackend final : public c10d::Backend {
     }
   }
 
+  static nrt::dist::ShmGroup::Finish finish_of(const c10d::ReduceOp& op) {
+    if (op.op_ == c10d::ReduceOp::AVG) return nrt::dist::ShmGroup::Finish::kAverage;
+    if (op.op_ == c10d::ReduceOp::PREMUL_SUM) return nrt::dist::ShmGroup::Finish::kPremultiplied;
+    return nrt::dist::ShmGroup::Finish::kNone;
+  }
+
   void finish_average(at::Tensor& t, const c10d::ReduceOp& op) {
     if (op.op_ == c10d::ReduceOp::AVG) t.div_(size_);
   }
@@ -455,7 +461,7 @@ class NeuronBackend final : public c10d::Backend {
     const ElementType type = element_type(t);
     void* data = host_bytes(t, what);
     const ReduceOp reduce = prepare(t, op, what);
-    run(what, [&] { group_->all_reduce(data, t.numel(), type, reduce); });
+    run(what, [&] { group_->all_reduce(data, t.numel(), type, reduce, finish_of(op)); });
     finish_average(t, op);
   }
 
@@ -497,7 +503,8 @@ class NeuronBackend final : public c10d::Backend {
       o.reduceOp = c10d::ReduceOp(to_c10d(reduce));
       wait(inner_->_reduce_scatter_base(host_out, host_in, o));
     } else {
-      run(what, [&] { group_->reduce_scatter(in, out, output.numel(), type, reduce); });
+      run(what,
+          [&] { group_->reduce_scatter(in, out, output.numel(), type, reduce, finish_of(op)); });
     }
     finish_average(output, op);
   }

@@ -27,8 +27,8 @@ namespace py = pybind11;
 
 namespace {
 
-py::dict device_properties(int device) {
-  torchneuron::check_device_index(static_cast<c10::DeviceIndex>(device));
+py::dict device_properties(int64_t index) {
+  const int device = torchneuron::checked_device_index(index);
   nrt_device_properties props{};
   NEURON_CHECK(nrt_device_get_properties(device, &props));
   py::dict result;
@@ -81,21 +81,25 @@ PYBIND11_MODULE(_C, m) {
   m.def("_device_count", [] { return static_cast<int>(torchneuron::device_count()); });
   m.def("_current_device", [] { return static_cast<int>(torchneuron::current_device()); });
   m.def("_set_device",
-        [](int device) { torchneuron::set_device(static_cast<c10::DeviceIndex>(device)); });
-  m.def("_exchange_device", [](int device) {
+        [](int64_t device) { torchneuron::set_device(torchneuron::checked_device_index(device)); });
+  m.def("_checked_device_index", [](int64_t device) {
+    return static_cast<int>(torchneuron::checked_device_index(device, /*allow_current=*/true));
+  });
+  m.def("_exchange_device", [](int64_t device) {
     const auto previous = torchneuron::current_device();
-    if (device >= 0) torchneuron::set_device(static_cast<c10::DeviceIndex>(device));
+    if (device != -1) torchneuron::set_device(torchneuron::checked_device_index(device));
     return static_cast<int>(previous);
   });
   m.def("_get_device_properties", &device_properties);
   m.def("_chip_profiles", &chip_profiles);
-  m.def("_synchronize", [](int device) {
-    NEURON_CHECK(nrt_device_synchronize(
-        torchneuron::resolve_device_index(static_cast<c10::DeviceIndex>(device))));
+  m.def("_synchronize", [](int64_t device) {
+    NEURON_CHECK(
+        nrt_device_synchronize(torchneuron::checked_device_index(device, /*allow_current=*/true)));
   });
   m.def("_launch_blocking", [] { return nrt_launch_blocking() != 0; });
-  m.def("_mem_get_info", [](int device) {
-    return torchneuron::caching_allocator().getMemoryInfo(static_cast<c10::DeviceIndex>(device));
+  m.def("_mem_get_info", [](int64_t device) {
+    return torchneuron::caching_allocator().getMemoryInfo(
+        torchneuron::checked_device_index(device, /*allow_current=*/true));
   });
   m.def("_host_budget", [] {
     uint64_t used = 0, budget = 0;
@@ -103,9 +107,9 @@ PYBIND11_MODULE(_C, m) {
     return std::make_pair(used, budget);
   });
   m.def("_empty_cache", [] { torchneuron::caching_allocator().emptyCache(); });
-  m.def("_default_generator", [](int device) {
+  m.def("_default_generator", [](int64_t device) {
     const at::Generator& generator =
-        torchneuron::default_generator(static_cast<c10::DeviceIndex>(device));
+        torchneuron::default_generator(torchneuron::checked_device_index(device));
     return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(generator));
   });
   m.def("_event_elapsed_ms", [](uintptr_t start, uintptr_t end) {

@@ -210,6 +210,10 @@ void ShmGroup::fail_timeout(const char* what, uint64_t target) {
                            std::to_string(rank_) + ": waiting for " + missing);
 }
 
+uint32_t ShmGroup::reduction_extra(ReduceOp op, Finish finish) {
+  return static_cast<uint32_t>(op) | (static_cast<uint32_t>(finish) << 16);
+}
+
 void ShmGroup::begin(Kind kind, uint64_t count, ElementType type, uint32_t extra) {
   Description& mine = header()->ranks[rank_].description;
   mine = Description{
@@ -228,9 +232,19 @@ void ShmGroup::fail_mismatch(int other) {
   const Description& a = header()->ranks[rank_].description;
   const Description& b = header()->ranks[other].description;
   auto describe = [](const Description& d) {
+    const auto kind = static_cast<Kind>(d.kind);
+    std::string extra;
+    if (kind == Kind::kAllReduce || kind == Kind::kReduceScatter) {
+      static const char* const finishes[] = {"", " then averaged", " of pre-multiplied values"};
+      const uint32_t finish = d.extra >> 16;
+      extra = std::string(", op ") + reduce_op_name(static_cast<ReduceOp>(d.extra & 0xffff)) +
+              (finish < 3 ? finishes[finish] : "");
+    } else if (kind == Kind::kBroadcast) {
+      extra = ", root " + std::to_string(d.extra);
+    }
     return std::string(collective_name(d.kind)) + "(" + std::to_string(d.count) + " x " +
-           element_type_name(static_cast<ElementType>(d.type)) + ", op/root " +
-           std::to_string(d.extra) + ", call #" + std::to_string(d.sequence) + ")";
+           element_type_name(static_cast<ElementType>(d.type)) + extra + ", call #" +
+           std::to_string(d.sequence) + ")";
   };
   throw std::runtime_error("neuron collectives do not match across ranks: rank " +
                            std::to_string(rank_) + " called " + describe(a) + ", rank " +
@@ -245,8 +259,8 @@ void ShmGroup::barrier() {
   arrive_and_wait("barrier");
 }
 
-void ShmGroup::all_reduce(void* data, size_t count, ElementType type, ReduceOp op) {
-  begin(Kind::kAllReduce, count, type, static_cast<uint32_t>(op));
+void ShmGroup::all_reduce(void* data, size_t count, ElementType type, ReduceOp op, Finish finish) {
+  begin(Kind::kAllReduce, count, type, reduction_extra(op, finish));
   const size_t esize = element_size(type);
   const size_t per_chunk = slot_bytes_ / esize;
   auto* bytes = static_cast<char*>(data);
@@ -281,8 +295,8 @@ void ShmGroup::all_gather(const void* in, void* out, size_t bytes) {
 }
 
 void ShmGroup::reduce_scatter(const void* in, void* out, size_t count, ElementType type,
-                              ReduceOp op) {
-  begin(Kind::kReduceScatter, count, type, static_cast<uint32_t>(op));
+                              ReduceOp op, Finish finish) {
+  begin(Kind::kReduceScatter, count, type, reduction_extra(op, finish));
   const size_t esize = element_size(type);
   const size_t per_chunk = std::max<size_t>(1, slot_bytes_ / esize / size_);
   const auto* src = static_cast<const char*>(in);

@@ -52,12 +52,17 @@ class ShmGroup {
   }
 
   void barrier();
+  // What the caller does around a reduction (a sum then a division is an average); ranks
+  // must agree on it as on the op, or AVG on one rank and SUM on another pass unnoticed.
+  enum class Finish : uint32_t { kNone, kAverage, kPremultiplied };
   // In place over `count` elements of every rank's buffer.
-  void all_reduce(void* data, size_t count, ElementType type, ReduceOp op);
+  void all_reduce(void* data, size_t count, ElementType type, ReduceOp op,
+                  Finish finish = Finish::kNone);
   // out holds size() * bytes: rank r's `in` lands at out + r * bytes.
   void all_gather(const void* in, void* out, size_t bytes);
   // in holds size() * count elements; rank r receives the reduction of block r.
-  void reduce_scatter(const void* in, void* out, size_t count, ElementType type, ReduceOp op);
+  void reduce_scatter(const void* in, void* out, size_t count, ElementType type, ReduceOp op,
+                      Finish finish = Finish::kNone);
   void broadcast(void* data, size_t bytes, int root);
   // Uneven all-to-all: send_bytes[d] bytes of `in` (blocks in destination order) go to rank
   // d; recv_bytes[s] bytes from rank s land in `out` (blocks in source order). Every rank's
@@ -80,6 +85,7 @@ class ShmGroup {
   // Publishes this rank's description of the collective and checks every rank's after
   // the first barrier: same kind, element type, count, op and root.
   void begin(Kind kind, uint64_t count, ElementType type, uint32_t extra);
+  static uint32_t reduction_extra(ReduceOp op, Finish finish);
   void arrive_and_wait(const char* what);
   [[noreturn]] void fail_timeout(const char* what, uint64_t target);
   [[noreturn]] void fail_exited(const char* what, int peer, int pid,

@@ -15,7 +15,8 @@ DeviceLike = torch.device | str | int | None
 
 
 def _get_device_index(device: DeviceLike, optional: bool = False) -> int:
-    """The index of a neuron device given as int, str or torch.device (None: current)."""
+    """The index of a neuron device given as int, str or torch.device (None, "neuron" and -1:
+    the current device), checked against the devices this process sees (IndexError)."""
     if isinstance(device, str):
         device = torch.device(device)
     if isinstance(device, torch.device):
@@ -23,12 +24,24 @@ def _get_device_index(device: DeviceLike, optional: bool = False) -> int:
             raise ValueError(f"Expected a neuron device, but got {device}.")
         if device.index is None:
             return current_device()
-        return device.index
+        return _checked(device.index)
     if device is None:
         return current_device()
-    if isinstance(device, int):
-        return device
+    if isinstance(device, int) and not isinstance(device, bool):
+        # Checked at full width: a narrowing cast would turn 1000 into device -24.
+        return _checked(device)
     raise TypeError(f"Expected a torch.device, str or int for a neuron device, got {device!r}.")
+
+
+def _checked(index: int) -> int:
+    _lazy_init()
+    if not -(2**63) <= index < 2**63:  # beyond the binding's int64
+        count = device_count()
+        raise IndexError(
+            f"neuron:{index} is not a valid device: this process sees {count} neuron "
+            f"device(s), so use an index from 0 to {count - 1}."
+        )
+    return _C._checked_device_index(index)
 
 
 def device_count() -> int:

@@ -33,6 +33,11 @@ def get_rng_state_all() -> list[torch.Tensor]:
 
 def set_rng_state(new_state: torch.Tensor, device: DeviceLike = "neuron") -> None:
     _lazy_init()
+    if not isinstance(new_state, torch.Tensor):
+        raise TypeError(
+            f"set_rng_state expects a torch.ByteTensor (as get_rng_state returns), got "
+            f"{type(new_state).__name__}."
+        )
     state = new_state.clone(memory_format=torch.contiguous_format).cpu()
     _default_generator(_get_device_index(device)).set_state(state)
 
