@@ -9,6 +9,9 @@ output arrays:
 * on-chip tiles become preallocated scratch arrays; tiles whose lifetimes do not overlap
   share one array (slot), so the working set stays cache-sized however long the kernel;
 * basic-indexed views of scratch are computed once, at build time;
+* Tensor Engine matmuls into float32 PSUM run as ``torch.mm(..., out=)`` on CPU tensor
+  views of the tiles (the interpreter's matmul is the same torch.mm, so results agree bit
+  for bit; accumulation is the same float32 add after it);
 * elementwise instructions into float32 tiles run as numpy ufuncs writing in place
   (``out=``), copies and DMAs as ``np.copyto``; the rest call the instruction's own
   numpy body, the very function the interpreter ran;
@@ -23,8 +26,9 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import torch
 
-from . import dtypes
+from . import dtypes, fusion, ops
 from .runtime import Launch, Ref, Step, _identity
 from .tiles import resolve_keys
 
@@ -76,7 +80,13 @@ class _Builder:
     def __init__(self, launch: Launch, dtype_of: dict[int, Any]) -> None:
         self.launch = launch
         self.dtype_of = dtype_of  # sid -> NKI dtype
-        self.names: dict[str, Any] = {"np": np, "_write": _generic_write}
+        self.names: dict[str, Any] = {
+            "np": np,
+            "torch": torch,
+            "_write": _generic_write,
+            "_t": _torch_view,
+        }
+        self.matmul_temps: dict[tuple[int, ...], str] = {}
         self.counter = 0
         self.lines: list[str] = []
         self.slot_of: dict[int, np.ndarray] = {}
@@ -153,6 +163,9 @@ class _Builder:
                 and dst.adv is None
                 and not dtypes.needs_rounding(self.dtype_of[dst.sid])
             )
+            matmul = step.fn is ops.matmul_fn or step.fn is fusion.fused_matmul_fn
+            if simple and matmul and self._emit_matmul(step, dst, mode):
+                return
             if simple and self._emit_fast(step, args, dst, mode):
                 return
         call = f"{self.const(step.fn, 'F')}({', '.join(args)})"
@@ -162,6 +175,35 @@ class _Builder:
         self.lines.append(f"r = {call}")
         for n, out in enumerate(step.outs):
             self._emit_write(out, f"r[{n}]")
+
+    def torch_operand(self, ref: Ref) -> str:
+        if self.launch.roles[ref.sid][0] == "scratch":
+            view = resolve_keys(self.slot_of[ref.sid], ref.keys)
+            return self.const(torch.from_numpy(view), "T")
+        return f"_t({self.base_view(ref)})"
+
+    def _emit_matmul(self, step: Step, dst: Ref, mode: str) -> bool:
+        refs = [x for x in step.ins if isinstance(x, Ref)]
+        if len(refs) != 2 or len(step.ins) != 2:
+            return False
+        if any(x.adv is not None or self.storage_dtype(x) != np.float32 for x in refs):
+            return False
+        if self.storage_dtype(dst) != np.float32:
+            return False
+        stationary, moving = (self.torch_operand(x) for x in refs)
+        target = self.torch_operand(dst)
+        if mode == "set":
+            self.lines.append(f"torch.mm({stationary}.T, {moving}, out={target})")
+            return True
+        m = resolve_keys(self.launch.arrays[refs[0].sid], refs[0].keys).shape[1]
+        n = resolve_keys(self.launch.arrays[refs[1].sid], refs[1].keys).shape[1]
+        temp = self.matmul_temps.get((m, n))
+        if temp is None:
+            temp = self.const(torch.zeros((m, n), dtype=torch.float32), "P")
+            self.matmul_temps[(m, n)] = temp
+        self.lines.append(f"torch.mm({stationary}.T, {moving}, out={temp})")
+        self.lines.append(f"{target}.add_({temp})")
+        return True
 
     def _emit_fast(self, step: Step, args: list[str], dst: Ref, mode: str) -> bool:
         dst_view = self.base_view(dst)
@@ -206,6 +248,10 @@ class _Builder:
         )
 
 
+def _torch_view(array: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(array if array.flags.writeable else array.copy())
+
+
 def _sids(step: Step) -> list[int]:
     sids = [x.sid for x in step.ins if isinstance(x, Ref)] + [o[0].sid for o in step.outs]
     if step.allocated is not None:
@@ -234,7 +280,7 @@ def _covering_first_writes(launch: Launch, steps: list[Step]) -> set[int]:
 
 
 def build(launch: Launch, n_inputs: int, n_outputs: int) -> CompiledKernel:
-    steps = launch.steps or []
+    steps = fusion.plan(launch, launch.steps or [])
     builder = _Builder(launch, launch.nki_dtypes)
     slots = builder.place_scratch(steps)
     covered = _covering_first_writes(launch, steps)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import torch
 
 from . import dtypes, runtime
 from .errors import NkiError
@@ -298,8 +299,16 @@ def check_psum_dst(dst: Tile, shape: tuple[int, ...], what: str) -> None:
         raise NkiError(f"{what}: dst shape {dst.shape} differs from the result shape {shape}")
 
 
+def _cpu_tensor(x: np.ndarray) -> torch.Tensor:
+    x = f32(x)
+    return torch.from_numpy(x if x.flags.writeable else x.copy())
+
+
 def matmul_fn(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    return np.matmul(f32(x).T, f32(y))
+    # torch.mm (oneDNN/MKL) is the one matmul both the interpreter and the compiled path
+    # call, so the two agree bit for bit; numpy's OpenBLAS is several times slower at
+    # tile sizes on a shared host.
+    return torch.mm(_cpu_tensor(x).T, _cpu_tensor(y)).numpy()
 
 
 def matmul_into(
