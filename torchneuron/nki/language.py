@@ -458,6 +458,8 @@ def _install_operators() -> None:
     Tile.__neg__ = lambda self: negative(self)  # type: ignore[method-assign]
     Tile.__invert__ = lambda self: invert(self)  # type: ignore[method-assign]
     Tile.__hash__ = object.__hash__  # type: ignore[method-assign]
+    # ``tile.broadcast_to(shape)``, the method form public kernels use (RMSNorm tutorial)
+    Tile.broadcast_to = lambda self, shape: broadcast_to(self, shape)  # type: ignore[attr-defined]
 
 
 _install_operators()

@@ -100,7 +100,9 @@ class Kernel:
         if threads != 1:
             torch.set_num_threads(1)
         try:
-            return self._run(args, kwargs, compiled)
+            # Engines follow IEEE arithmetic silently (e.g. rsqrt of a masked-off zero row).
+            with np.errstate(all="ignore"):
+                return self._run(args, kwargs, compiled)
         finally:
             if threads != 1:
                 torch.set_num_threads(threads)

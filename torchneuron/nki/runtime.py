@@ -111,7 +111,12 @@ class Launch:
             self._charge_sbuf(storage)
         elif buffer.name == "psum":
             self._charge_psum(storage)
-        if buffer.on_chip or buffer.name in ("hbm", "private_hbm"):
+        # In a single-instance launch nl.hbm is visible to the caller like nl.shared_hbm, and
+        # new-style kernels return nl.hbm tensors; in an SPMD grid it is per instance.
+        per_instance = buffer.name == "private_hbm" or (
+            buffer.name == "hbm" and int(np.prod(self.grid, dtype=np.int64)) > 1
+        )
+        if buffer.on_chip or per_instance:
             storage.role = ("scratch", self.scratch_count)
             self.scratch_count += 1
             if self.steps is not None:
