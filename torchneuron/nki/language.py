@@ -165,6 +165,8 @@ def dma(dst: Tile, src: Any, mask: Any) -> None:
             raise NkiError(f"DMA shapes differ: source {src.shape}, destination {dst.shape}")
         launch = runtime.current()
         launch.usage.dma_bytes += _bytes(dst)
+        if not (src.buffer.on_chip and dst.buffer.on_chip):
+            launch.usage.hbm_bytes += _bytes(dst)
         fn = _reshaper(dst.shape) if src.shape != dst.shape else runtime._identity
         runtime.execute(fn, [src], [(dst, mask, "set")], "dma", _bytes(dst))
     else:

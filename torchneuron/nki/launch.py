@@ -86,6 +86,13 @@ class Kernel:
             raise NkiError("a kernel with mode='trace' runs only when called from another kernel")
         return self.run(args, kwargs, compiled=_execution_mode() == "compiled")
 
+    def cost(self, *args: Any, **kwargs: Any) -> Any:
+        """Runs the kernel once and returns its estimated cost on the target chip
+        (:class:`torchneuron.nki.cost.CostEstimate`)."""
+        from .cost import estimate
+
+        return estimate(self, *args, **kwargs)
+
     def interpret(self, *args: Any, **kwargs: Any) -> Any:
         """Runs the reference interpreter (no compiled code), whatever the setting."""
         return self.run(args, kwargs, compiled=False)

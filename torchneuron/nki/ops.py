@@ -314,9 +314,11 @@ def matmul_fn(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 def matmul_into(
     dst: Tile, stationary: Tile, moving: Tile, accumulate: bool, mask: Any, what: str
 ) -> None:
-    _, m, n = check_matmul(stationary, moving, what)
+    k, m, n = check_matmul(stationary, moving, what)
     check_psum_dst(dst, (m, n), what)
     mode = "acc" if accumulate else "set"
+    wide = "float32" in (dtypes.name(stationary.dtype), dtypes.name(moving.dtype))
+    runtime.current().usage.matmul_flops["fp32" if wide else "bf16"] += 2 * k * m * n
     runtime.execute(matmul_fn, [stationary, moving], [(dst, mask, mode)], "tensor", n + 64)
 
 

@@ -52,7 +52,9 @@ class Usage:
 
     instructions: Counter = field(default_factory=Counter)
     engine_cycles: Counter = field(default_factory=Counter)
-    dma_bytes: int = 0
+    dma_bytes: int = 0  # every DMA (HBM<->SBUF and on-chip copies by DMA)
+    hbm_bytes: int = 0  # the DMAs with an HBM side
+    matmul_flops: Counter = field(default_factory=Counter)  # "fp32" | "bf16" (narrower types)
     sbuf_peak_bytes_per_partition: int = 0
     psum_peak_banks: int = 0
 
