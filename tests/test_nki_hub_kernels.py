@@ -6,11 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
+import kernels  # pinned in requirements.txt (0.17.2), as is transformers
 import torch
-
-kernels = pytest.importorskip("kernels")
-transformers = pytest.importorskip("transformers")
 
 REPO = Path(__file__).resolve().parent.parent / "examples" / "nki_hub_kernels"
 
