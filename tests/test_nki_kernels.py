@@ -142,3 +142,26 @@ def test_chain_is_not_fused_when_the_kernel_overwrites_its_operand_in_between():
     np.testing.assert_allclose(interpreted, expected, rtol=1e-5, atol=1e-4)
     overwrite_between(lhs_t, rhs.copy())
     np.testing.assert_array_equal(overwrite_between(lhs_t, rhs.copy()), interpreted)
+
+
+def test_bfloat16_psum_product_is_rounded_before_the_accumulate():
+    from torchneuron import nki
+    from torchneuron.nki import isa as nisa
+    from torchneuron.nki import language as nl
+
+    @nki.jit
+    def bf16_product_then_add(lhs_t, rhs):
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        acc = nl.zeros((128, 512), nl.float32, buffer=nl.psum)
+        a = nl.load(lhs_t)
+        b = nl.load(rhs)
+        product = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.psum)
+        nisa.nc_matmul(dst=product, stationary=a, moving=b, accumulate=False)
+        acc += product
+        nl.store(out, value=nl.copy(acc))
+        return out
+
+    lhs_t, rhs = _f32(128, 128), _f32(128, 512)
+    interpreted = bf16_product_then_add.interpret(lhs_t, rhs)
+    bf16_product_then_add(lhs_t, rhs)
+    np.testing.assert_array_equal(bf16_product_then_add(lhs_t, rhs), interpreted)

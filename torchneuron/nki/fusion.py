@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from . import ops
+from . import dtypes, ops
 from .runtime import Launch, Ref, Step, _identity
 
 
@@ -75,6 +75,8 @@ def _fold_psum_adds(launch: Launch, steps: list[Step | None]) -> None:
         temp = out[0].sid
         if len(uses[temp]) != 2 or launch.roles[temp][0] != "scratch":
             continue
+        if dtypes.name(launch.nki_dtypes[temp]) != "float32":
+            continue  # a bfloat16 PSUM tile rounds the product before the add
         m = uses[temp][1]
         add = steps[m]
         if add is None or add.fn is not _identity or m != _next_compute(steps, n):
@@ -197,6 +199,10 @@ def _split_chains(
 def _fuse_one(
     launch: Launch, steps: list[Step | None], uses: dict[int, list[int]], chain: list[int]
 ) -> tuple[Step, list[int]] | None:
+    head = steps[chain[0]]
+    assert head is not None
+    if dtypes.name(launch.nki_dtypes[head.outs[0][0].sid]) != "float32":
+        return None  # a bfloat16 accumulator rounds after every step: not one matmul
     sources: list[list[Ref]] = [[], []]
     copies: list[int] = []
     for n in chain:
