@@ -165,3 +165,18 @@ def test_bfloat16_psum_product_is_rounded_before_the_accumulate():
     interpreted = bf16_product_then_add.interpret(lhs_t, rhs)
     bf16_product_then_add(lhs_t, rhs)
     np.testing.assert_array_equal(bf16_product_then_add(lhs_t, rhs), interpreted)
+
+
+def test_fused_matmul_reads_negative_stride_and_read_only_inputs():
+    # The compiled path's signature holds shapes and dtypes, not strides: a kernel compiled
+    # for contiguous inputs is later called with reversed (negative-stride) and read-only
+    # views, which the fused matmul reads straight from HBM.
+    kernel = k.matmul_new_kernel
+    lhs_t, rhs = _f32(256, 128), _f32(256, 512)
+    kernel(lhs_t, rhs)
+    reversed_lhs, reversed_rhs = lhs_t[::-1], rhs[::-1]
+    frozen = rhs.copy()
+    frozen.flags.writeable = False
+    for a, b in ((reversed_lhs, reversed_rhs), (lhs_t, frozen)):
+        np.testing.assert_allclose(kernel(a, b), a.T @ b, rtol=1e-4, atol=1e-3)
+        np.testing.assert_allclose(kernel(a, b), kernel.interpret(a, b), rtol=1e-5, atol=1e-4)

@@ -190,6 +190,13 @@ class _Builder:
             return False
         if self.storage_dtype(dst) != np.float32:
             return False
+        if self.launch.roles[dst.sid][0] != "scratch":
+            return False  # written through a torch view: only tiles we own (HBM: generic)
+        for ref in [*refs, dst]:
+            if self.launch.roles[ref.sid][0] == "scratch":
+                view = resolve_keys(self.slot_of[ref.sid], ref.keys)
+                if any(stride < 0 for stride in view.strides):
+                    return False  # torch.from_numpy takes no negative strides
         stationary, moving = (self.torch_operand(x) for x in refs)
         target = self.torch_operand(dst)
         if mode == "set":
@@ -249,7 +256,11 @@ class _Builder:
 
 
 def _torch_view(array: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(array if array.flags.writeable else array.copy())
+    """A CPU tensor over an HBM operand read by a matmul (a copy if torch cannot view it:
+    read-only memory or negative strides, which the signature does not capture)."""
+    if not array.flags.writeable or any(stride < 0 for stride in array.strides):
+        array = array.copy()
+    return torch.from_numpy(array)
 
 
 def _sids(step: Step) -> list[int]:

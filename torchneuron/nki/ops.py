@@ -301,7 +301,9 @@ def check_psum_dst(dst: Tile, shape: tuple[int, ...], what: str) -> None:
 
 def _cpu_tensor(x: np.ndarray) -> torch.Tensor:
     x = f32(x)
-    return torch.from_numpy(x if x.flags.writeable else x.copy())
+    if not x.flags.writeable or any(stride < 0 for stride in x.strides):
+        x = x.copy()  # torch.from_numpy views neither read-only memory nor negative strides
+    return torch.from_numpy(x)
 
 
 def matmul_fn(x: np.ndarray, y: np.ndarray) -> np.ndarray:
