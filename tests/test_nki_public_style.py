@@ -14,8 +14,15 @@ import torchneuron.nki as tnki
 RNG = np.random.default_rng(7)
 
 
+def _is_alias(name: str) -> bool:
+    return name in ("nki", "neuronxcc") or name.startswith(("nki.", "neuronxcc."))
+
+
 @pytest.fixture(scope="module")
 def kernels():
+    # Earlier tests (the Hub kernel package) may have installed the aliases already: start
+    # from none, so this checks that install_aliases() itself provides them.
+    earlier = {name: sys.modules.pop(name) for name in list(sys.modules) if _is_alias(name)}
     before = set(sys.modules)
     installed = tnki.install_aliases()
     assert {"neuronxcc", "neuronxcc.nki", "nki"} <= set(installed)
@@ -24,6 +31,7 @@ def kernels():
     finally:
         for name in set(sys.modules) - before:
             del sys.modules[name]
+        sys.modules.update(earlier)
 
 
 def _both(kernel, *args):
