@@ -22,6 +22,7 @@ def _activation_body(
     fn = ops.UNARY[op]
     reducer = ops.REDUCE[reduce] if reduce else None
 
+    @ops.row_wise
     def body(x: Any, scale: Any, bias: Any) -> Any:
         rank = x.ndim
         y = ops.f32(x) * ops.pad(ops.f32(scale), rank)
@@ -219,6 +220,7 @@ def tensor_scalar_into(
     a0 = _scalar_operand(operand0, data, "nisa.tensor_scalar")
     a1 = _scalar_operand(operand1, data, "nisa.tensor_scalar") if op1 is not None else None
 
+    @ops.row_wise
     def body(x: Any, s0: Any, s1: Any) -> Any:
         x = ops.f32(x)
         s0 = ops.pad(ops.f32(s0), x.ndim)
@@ -275,6 +277,7 @@ def scalar_tensor_tensor_into(
     second = ops.BINARY[ops.op_name(op1)]
     a0 = _scalar_operand(operand0, data, "nisa.scalar_tensor_tensor")
 
+    @ops.row_wise
     def body(x: Any, s0: Any, y: Any) -> Any:
         x, s0, y = ops.f32(x), ops.pad(ops.f32(s0), x.ndim), ops.f32(y)
         t = first(s0, x) if reverse0 else first(x, s0)

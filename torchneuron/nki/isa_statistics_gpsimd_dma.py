@@ -19,6 +19,7 @@ from .tiles import Tile
 # bn_stats writes, per partition and per chunk of at most 512 elements, two triples
 # (count, mean, variance) for the chunk's even and odd elements; bn_aggr combines any
 # number of such triples (Chan's parallel variance) into [mean, variance].
+@ops.row_wise
 def _bn_stats_body(x: Any) -> Any:
     x = ops.f32(x).reshape(x.shape[0], -1)
     even, odd = x[:, 0::2], x[:, 1::2]
@@ -31,6 +32,7 @@ def _bn_stats_body(x: Any) -> Any:
     return out
 
 
+@ops.row_wise
 def _bn_aggr_body(stats: Any) -> Any:
     s = ops.f32(stats).reshape(stats.shape[0], -1, 3)
     count, mean, var = s[..., 0], s[..., 1], s[..., 2]

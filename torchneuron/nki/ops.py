@@ -143,6 +143,14 @@ def compute(tile: Any, what: str) -> None:
             raise NkiError(f"{what}: partition dimension {tile.shape[0]} exceeds {PARTITIONS}")
 
 
+def row_wise(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Marks an instruction body whose every output partition row depends only on the same
+    row of its tile inputs (any number of rows): the compiled path may run a loop's
+    iterations as one call over their rows stacked."""
+    fn.row_wise = True  # type: ignore[attr-defined]
+    return fn
+
+
 def pad(x: Any, rank: int) -> Any:
     """A tile's array with trailing size-1 free dimensions up to `rank`: NKI aligns operands
     on the partition dimension (a [128] tile is one value per partition), unlike numpy."""
@@ -192,7 +200,7 @@ def elementwise_fn(op: str, rank: int = 0) -> Callable[..., Any]:
         def aligned(x: Any, y: Any) -> Any:
             return plain(pad(x, rank), pad(y, rank))
 
-        return aligned
+        return row_wise(aligned)
     if op in UNARY:
         base = UNARY[op]
 
@@ -201,7 +209,7 @@ def elementwise_fn(op: str, rank: int = 0) -> Callable[..., Any]:
 
         if isinstance(base, np.ufunc):
             unary.ufunc = base  # type: ignore[attr-defined]
-        return unary
+        return row_wise(unary)
     base2 = BINARY[op]
 
     def binary(x: Any, y: Any) -> Any:
@@ -209,7 +217,7 @@ def elementwise_fn(op: str, rank: int = 0) -> Callable[..., Any]:
 
     if isinstance(base2, np.ufunc):
         binary.ufunc = base2  # type: ignore[attr-defined]
-    return binary
+    return row_wise(binary)
 
 
 def elementwise(op: str, values: list[Any], dtype: Any, mask: Any, engine: str = "vector") -> Tile:
@@ -244,7 +252,7 @@ def reduce_fn(
         r = base(f32(x), axis=axes, keepdims=keepdims)
         return -r if negate else r
 
-    return reduce
+    return row_wise(reduce)  # axes never include the partition axis (reduce_axes)
 
 
 def reduced_shape(shape: tuple[int, ...], axes: tuple[int, ...], keepdims: bool) -> tuple[int, ...]:

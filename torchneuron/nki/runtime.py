@@ -31,6 +31,7 @@ class Ref:
     sid: int
     keys: tuple[Any, ...]
     adv: tuple[Any, ...] | None
+    stacked: bool = False  # a batched loop's access: every iteration's rows, stacked
 
 
 @dataclass
@@ -40,6 +41,8 @@ class Step:
     outs: list[tuple[Ref, Any, str]]  # (destination, mask or None, "set" | "acc")
     engine: str
     allocated: int | None = None  # for "alloc" steps: the new storage's id
+    loops: tuple[tuple[int, int], ...] = ()  # enclosing affine_range loops: (loop, iteration)
+    batch: tuple[int, int] | None = None  # batched loop step: (iterations, rows per iteration)
 
 
 def _zeros() -> None:
@@ -82,6 +85,20 @@ class Launch:
         self.roles: dict[int, tuple[str, int]] = {}
         self.nki_dtypes: dict[int, Any] = {}
         self.scratch_count = 0
+        self.loop_stack: list[tuple[int, int]] = []
+        self.loop_count = 0
+
+    def iterate(self, values: range) -> Any:
+        """Runs an affine_range loop, tagging the steps recorded in each iteration (the
+        compiled path batches iterations that repeat the same instructions)."""
+        loop = self.loop_count
+        self.loop_count += 1
+        for n, value in enumerate(values):
+            self.loop_stack.append((loop, n))
+            try:
+                yield value
+            finally:
+                self.loop_stack.pop()
 
     # -- allocation ----------------------------------------------------------------------
     def _release(self, buffer: Buffer, amount: int) -> None:
@@ -127,7 +144,9 @@ class Launch:
                 self.roles[storage.sid] = storage.role
                 self.arrays[storage.sid] = storage.array
                 self.nki_dtypes[storage.sid] = storage.dtype
-                self.steps.append(Step(_zeros, [], [], "alloc", storage.sid))
+                self.steps.append(
+                    Step(_zeros, [], [], "alloc", storage.sid, tuple(self.loop_stack))
+                )
         else:
             storage.role = ("output", len(self.shared))
             self.shared.append(storage)
@@ -290,12 +309,16 @@ def execute(
                 [launch.ref(x, masked) if isinstance(x, Tile) else x for x in ins],
                 [(launch.ref(t, mask is not None), mask, mode) for t, mask, mode in outs],
                 engine,
+                loops=tuple(launch.loop_stack),
             )
         )
 
 
 def _identity(x: np.ndarray) -> np.ndarray:
     return x
+
+
+_identity.row_wise = True  # type: ignore[attr-defined]
 
 
 def assign(target: Tile, value: Any) -> None:
