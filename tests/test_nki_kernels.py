@@ -1,5 +1,7 @@
 """Sample-style NKI kernels (tests/nki_sample_kernels.py) against numpy references, on the
-interpreter and the compiled path; the compiled path must equal the interpreter exactly."""
+interpreter and the compiled path. The compiled path equals the interpreter exactly, except
+where it fuses a matmul contraction chain into one matmul (torchneuron/nki/fusion.py): the
+summation order then changes, and results agree to float32 rounding of a K-term sum."""
 
 from __future__ import annotations
 
@@ -42,6 +44,10 @@ CASES = [
 ]
 
 
+# Kernels whose PSUM accumulation chains the compiled path fuses into one matmul each.
+FUSED_CHAINS = {"matmul_new", "matmul_legacy"}
+
+
 @pytest.mark.parametrize("name,kernel,args,reference,atol", CASES, ids=[c[0] for c in CASES])
 def test_kernel_matches_reference_and_compiled_equals_interpreter(
     name, kernel, args, reference, atol
@@ -52,6 +58,14 @@ def test_kernel_matches_reference_and_compiled_equals_interpreter(
     first = kernel(*args)  # traces (the interpreter) and compiles
     second = kernel(*args)  # runs the compiled code
     assert len(kernel._cache) >= 1
+    if name in FUSED_CHAINS:
+        source = next(iter(kernel._cache.values())).program.source
+        assert source.count("torch.mm") == 4, source  # 2x2 output tiles, K folded: 4 matmuls
+        # |a.T @ b| entries here are ~sqrt(K)=16; a K=256 float32 sum reordered differs by
+        # at most a few ulps of the partial sums: 1e-5 relative, 1e-4 absolute.
+        np.testing.assert_allclose(first, interpreted, rtol=1e-5, atol=1e-4)
+        np.testing.assert_allclose(second, interpreted, rtol=1e-5, atol=1e-4)
+        return
     np.testing.assert_array_equal(first, interpreted)
     np.testing.assert_array_equal(second, interpreted)
 
@@ -83,3 +97,86 @@ def test_psum_accumulates_in_float32_from_bfloat16_storage():
     assert got.dtype == torch.bfloat16
     expected = (a.float().T @ b.float()).to(torch.bfloat16)
     torch.testing.assert_close(got, expected, rtol=1.6e-2, atol=1e-2)
+
+
+def test_psum_accumulate_folding_is_exact_and_unfusable_chains_stay_per_block():
+    # Flash attention's P@V chain reads transposed probabilities (not HBM row blocks), so it
+    # is not fused; its `pv += nc_matmul(...)` pairs fold into accumulating matmuls, which
+    # compute the same float32 product and add: bit-identical to the interpreter.
+    kernel = k.flash_attention_kernel
+    kernel._cache.clear()
+    args = (Q.T.copy(), KEYS.T.copy(), VALUES, 0.125)
+    interpreted = kernel.interpret(*args)
+    kernel(*args)
+    source = next(iter(kernel._cache.values())).program.source
+    assert ".add_(" in source, source  # folded: mm into a temporary, then add into PSUM
+    np.testing.assert_array_equal(kernel(*args), interpreted)
+
+
+def test_chain_is_not_fused_when_the_kernel_overwrites_its_operand_in_between():
+    from torchneuron import nki
+    from torchneuron.nki import isa as nisa
+    from torchneuron.nki import language as nl
+
+    @nki.jit
+    def overwrite_between(lhs_t, rhs):
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        acc = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+        for blk in nl.sequential_range(2):
+            a = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+            b = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.dma_copy(dst=a, src=lhs_t[blk * 128 : (blk + 1) * 128, :])
+            nisa.dma_copy(dst=b, src=rhs[blk * 128 : (blk + 1) * 128, :])
+            nisa.nc_matmul(dst=acc, stationary=a, moving=b)
+            # zero the row block of rhs just read: a matmul fused over the chain, reading
+            # rhs after its last step, would see the zeros
+            zeros = nl.zeros((128, 512), nl.float32)
+            nl.store(rhs[blk * 128 : (blk + 1) * 128, :], value=zeros)
+        result = nl.copy(acc)
+        nl.store(out, value=result)
+        return out
+
+    lhs_t, rhs = _f32(256, 128), _f32(256, 512)
+    expected = lhs_t.T @ rhs  # each block was read before it was zeroed
+    interpreted = overwrite_between.interpret(lhs_t, rhs.copy())
+    np.testing.assert_allclose(interpreted, expected, rtol=1e-5, atol=1e-4)
+    overwrite_between(lhs_t, rhs.copy())
+    np.testing.assert_array_equal(overwrite_between(lhs_t, rhs.copy()), interpreted)
+
+
+def test_bfloat16_psum_product_is_rounded_before_the_accumulate():
+    from torchneuron import nki
+    from torchneuron.nki import isa as nisa
+    from torchneuron.nki import language as nl
+
+    @nki.jit
+    def bf16_product_then_add(lhs_t, rhs):
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        acc = nl.zeros((128, 512), nl.float32, buffer=nl.psum)
+        a = nl.load(lhs_t)
+        b = nl.load(rhs)
+        product = nl.ndarray((128, 512), dtype=nl.bfloat16, buffer=nl.psum)
+        nisa.nc_matmul(dst=product, stationary=a, moving=b, accumulate=False)
+        acc += product
+        nl.store(out, value=nl.copy(acc))
+        return out
+
+    lhs_t, rhs = _f32(128, 128), _f32(128, 512)
+    interpreted = bf16_product_then_add.interpret(lhs_t, rhs)
+    bf16_product_then_add(lhs_t, rhs)
+    np.testing.assert_array_equal(bf16_product_then_add(lhs_t, rhs), interpreted)
+
+
+def test_fused_matmul_reads_negative_stride_and_read_only_inputs():
+    # The compiled path's signature holds shapes and dtypes, not strides: a kernel compiled
+    # for contiguous inputs is later called with reversed (negative-stride) and read-only
+    # views, which the fused matmul reads straight from HBM.
+    kernel = k.matmul_new_kernel
+    lhs_t, rhs = _f32(256, 128), _f32(256, 512)
+    kernel(lhs_t, rhs)
+    reversed_lhs, reversed_rhs = lhs_t[::-1], rhs[::-1]
+    frozen = rhs.copy()
+    frozen.flags.writeable = False
+    for a, b in ((reversed_lhs, reversed_rhs), (lhs_t, frozen)):
+        np.testing.assert_allclose(kernel(a, b), a.T @ b, rtol=1e-4, atol=1e-3)
+        np.testing.assert_allclose(kernel(a, b), kernel.interpret(a, b), rtol=1e-5, atol=1e-4)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from . import isa, language, typing  # noqa: F401
 from .aliases import install_aliases  # noqa: F401
+from .cost import CostEstimate, estimate  # noqa: F401
 from .errors import NkiCapacityError, NkiError, NkiUnsupportedError  # noqa: F401
 from .launch import Kernel, baremetal, jit, simulate, simulate_kernel  # noqa: F401
 from .profile import current_profile  # noqa: F401
@@ -22,6 +23,7 @@ from .tiles import Tile  # noqa: F401
 tensor = Tile  # annotation name kernels use (nki.tensor)
 
 __all__ = [
+    "CostEstimate",
     "Kernel",
     "NkiCapacityError",
     "NkiError",
@@ -29,6 +31,7 @@ __all__ = [
     "Tile",
     "baremetal",
     "current_profile",
+    "estimate",
     "install_aliases",
     "isa",
     "jit",

@@ -9,6 +9,9 @@ output arrays:
 * on-chip tiles become preallocated scratch arrays; tiles whose lifetimes do not overlap
   share one array (slot), so the working set stays cache-sized however long the kernel;
 * basic-indexed views of scratch are computed once, at build time;
+* Tensor Engine matmuls into float32 PSUM run as ``torch.mm(..., out=)`` on CPU tensor
+  views of the tiles (the interpreter's matmul is the same torch.mm, so results agree bit
+  for bit; accumulation is the same float32 add after it);
 * elementwise instructions into float32 tiles run as numpy ufuncs writing in place
   (``out=``), copies and DMAs as ``np.copyto``; the rest call the instruction's own
   numpy body, the very function the interpreter ran;
@@ -23,8 +26,9 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import torch
 
-from . import dtypes
+from . import dtypes, fusion, loop_batching, ops
 from .runtime import Launch, Ref, Step, _identity
 from .tiles import resolve_keys
 
@@ -32,10 +36,13 @@ from .tiles import resolve_keys
 class CompiledKernel:
     """The generated function plus the scratch memory it owns (one call at a time)."""
 
-    def __init__(self, source: str, run: Callable[..., None], slots: int) -> None:
+    def __init__(
+        self, source: str, run: Callable[..., None], slots: int, batched_steps: int = 0
+    ) -> None:
         self.source = source
         self._run = run
         self.slots = slots
+        self.batched_steps = batched_steps  # steps that run a whole affine_range loop
         self._lock = threading.Lock()
 
     def __call__(self, arrays: list[np.ndarray]) -> None:
@@ -76,7 +83,15 @@ class _Builder:
     def __init__(self, launch: Launch, dtype_of: dict[int, Any]) -> None:
         self.launch = launch
         self.dtype_of = dtype_of  # sid -> NKI dtype
-        self.names: dict[str, Any] = {"np": np, "_write": _generic_write}
+        self.names: dict[str, Any] = {
+            "np": np,
+            "torch": torch,
+            "_write": _generic_write,
+            "_t": _torch_view,
+            "_split": _split_rows,
+            "_repeat": _repeat_rows,
+        }
+        self.matmul_temps: dict[tuple[int, ...], str] = {}
         self.counter = 0
         self.lines: list[str] = []
         self.slot_of: dict[int, np.ndarray] = {}
@@ -145,6 +160,8 @@ class _Builder:
             if sid is not None and sid not in covered:
                 self.lines.append(f"{self.const(self.slot_of[sid], 'S')}.fill(0)")
             return
+        if step.batch is not None and self._emit_batched(step, step.batch[0]):
+            return
         args = [self.read(x) if isinstance(x, Ref) else self.const(x) for x in step.ins]
         if len(step.outs) == 1:
             dst, mask, mode = step.outs[0]
@@ -153,8 +170,14 @@ class _Builder:
                 and dst.adv is None
                 and not dtypes.needs_rounding(self.dtype_of[dst.sid])
             )
+            matmul = step.fn is ops.matmul_fn or step.fn is fusion.fused_matmul_fn
+            if simple and matmul and self._emit_matmul(step, dst, mode):
+                return
             if simple and self._emit_fast(step, args, dst, mode):
                 return
+        self._emit_call(step, args)
+
+    def _emit_call(self, step: Step, args: list[str]) -> None:
         call = f"{self.const(step.fn, 'F')}({', '.join(args)})"
         if len(step.outs) == 1:
             self._emit_write(step.outs[0], call)
@@ -163,8 +186,92 @@ class _Builder:
         for n, out in enumerate(step.outs):
             self._emit_write(out, f"r[{n}]")
 
-    def _emit_fast(self, step: Step, args: list[str], dst: Ref, mode: str) -> bool:
-        dst_view = self.base_view(dst)
+    # -- batched loops (loop_batching.py) -------------------------------------------------
+    def _wide(self, x: Any) -> bool:
+        """An operand every iteration reads whole, with more than one row: it broadcasts
+        against one iteration's rows, not against all of them stacked."""
+        if not isinstance(x, Ref) or x.stacked:
+            return False
+        view = resolve_keys(self.launch.arrays[x.sid], x.keys)
+        return view.ndim > 0 and view.shape[0] > 1
+
+    def split(self, ref: Ref, count: int) -> str:
+        """A stacked access as [iterations, rows, ...] (a view)."""
+        if self.launch.roles[ref.sid][0] == "scratch":
+            view = resolve_keys(self.slot_of[ref.sid], ref.keys)
+            return self.const(_split_rows(view, count), "S")
+        return f"_split({self.base_view(ref)}, {count})"
+
+    def _emit_batched(self, step: Step, count: int) -> bool:
+        """Emits a batched step with wide operands (others take the ordinary path, their
+        stacked accesses being plain views): elementwise fast paths see the stacked
+        operands split per iteration, so the wide ones broadcast; anything else gets the
+        wide operands repeated for every iteration."""
+        if not any(self._wide(x) for x in step.ins):
+            return False
+        if len(step.outs) == 1 and not dtypes.needs_rounding(self.dtype_of[step.outs[0][0].sid]):
+            dst, _, mode = step.outs[0]
+            args = [
+                self.split(x, count)
+                if isinstance(x, Ref) and x.stacked
+                else self.read(x)
+                if isinstance(x, Ref)
+                else self.const(x)
+                for x in step.ins
+            ]
+            if self._emit_fast(step, args, dst, mode, self.split(dst, count)):
+                return True
+        args = [
+            f"_repeat({self.read(x)}, {count})"
+            if self._wide(x)
+            else self.read(x)
+            if isinstance(x, Ref)
+            else self.const(x)
+            for x in step.ins
+        ]
+        self._emit_call(step, args)
+        return True
+
+    def torch_operand(self, ref: Ref) -> str:
+        if self.launch.roles[ref.sid][0] == "scratch":
+            view = resolve_keys(self.slot_of[ref.sid], ref.keys)
+            return self.const(torch.from_numpy(view), "T")
+        return f"_t({self.base_view(ref)})"
+
+    def _emit_matmul(self, step: Step, dst: Ref, mode: str) -> bool:
+        refs = [x for x in step.ins if isinstance(x, Ref)]
+        if len(refs) != 2 or len(step.ins) != 2:
+            return False
+        if any(x.adv is not None or self.storage_dtype(x) != np.float32 for x in refs):
+            return False
+        if self.storage_dtype(dst) != np.float32:
+            return False
+        if self.launch.roles[dst.sid][0] != "scratch":
+            return False  # written through a torch view: only tiles we own (HBM: generic)
+        for ref in [*refs, dst]:
+            if self.launch.roles[ref.sid][0] == "scratch":
+                view = resolve_keys(self.slot_of[ref.sid], ref.keys)
+                if any(stride < 0 for stride in view.strides):
+                    return False  # torch.from_numpy takes no negative strides
+        stationary, moving = (self.torch_operand(x) for x in refs)
+        target = self.torch_operand(dst)
+        if mode == "set":
+            self.lines.append(f"torch.mm({stationary}.T, {moving}, out={target})")
+            return True
+        m = resolve_keys(self.launch.arrays[refs[0].sid], refs[0].keys).shape[1]
+        n = resolve_keys(self.launch.arrays[refs[1].sid], refs[1].keys).shape[1]
+        temp = self.matmul_temps.get((m, n))
+        if temp is None:
+            temp = self.const(torch.zeros((m, n), dtype=torch.float32), "P")
+            self.matmul_temps[(m, n)] = temp
+        self.lines.append(f"torch.mm({stationary}.T, {moving}, out={temp})")
+        self.lines.append(f"{target}.add_({temp})")
+        return True
+
+    def _emit_fast(
+        self, step: Step, args: list[str], dst: Ref, mode: str, dst_view: str | None = None
+    ) -> bool:
+        dst_view = dst_view or self.base_view(dst)
         if step.fn is _identity:
             if mode == "acc":
                 self.lines.append(
@@ -206,6 +313,32 @@ class _Builder:
         )
 
 
+def _split_rows(array: np.ndarray, count: int) -> np.ndarray:
+    """[count * rows, ...] as [count, rows, ...], a view (any row stride splits)."""
+    rows = array.shape[0] // count
+    return np.lib.stride_tricks.as_strided(
+        array,
+        (count, rows) + array.shape[1:],
+        (rows * array.strides[0],) + array.strides,
+        writeable=array.flags.writeable,
+    )
+
+
+def _repeat_rows(array: np.ndarray, count: int) -> np.ndarray:
+    """`array` stacked `count` times along its rows (a copy)."""
+    return np.broadcast_to(array, (count,) + array.shape).reshape(
+        (count * array.shape[0],) + array.shape[1:]
+    )
+
+
+def _torch_view(array: np.ndarray) -> torch.Tensor:
+    """A CPU tensor over an HBM operand read by a matmul (a copy if torch cannot view it:
+    read-only memory or negative strides, which the signature does not capture)."""
+    if not array.flags.writeable or any(stride < 0 for stride in array.strides):
+        array = array.copy()
+    return torch.from_numpy(array)
+
+
 def _sids(step: Step) -> list[int]:
     sids = [x.sid for x in step.ins if isinstance(x, Ref)] + [o[0].sid for o in step.outs]
     if step.allocated is not None:
@@ -234,7 +367,7 @@ def _covering_first_writes(launch: Launch, steps: list[Step]) -> set[int]:
 
 
 def build(launch: Launch, n_inputs: int, n_outputs: int) -> CompiledKernel:
-    steps = launch.steps or []
+    steps = loop_batching.batch_loops(launch, fusion.plan(launch, launch.steps or []))
     builder = _Builder(launch, launch.nki_dtypes)
     slots = builder.place_scratch(steps)
     covered = _covering_first_writes(launch, steps)
@@ -245,4 +378,5 @@ def build(launch: Launch, n_inputs: int, n_outputs: int) -> CompiledKernel:
     source = f"def kernel({', '.join(params)}):\n" + "".join(f"    {line}\n" for line in body)
     namespace = dict(builder.names)
     exec(compile(source, "<nki compiled kernel>", "exec"), namespace)  # noqa: S102
-    return CompiledKernel(source, namespace["kernel"], slots)
+    batched = sum(1 for step in steps if step.batch is not None and step.engine != "alloc")
+    return CompiledKernel(source, namespace["kernel"], slots, batched)

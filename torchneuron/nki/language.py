@@ -165,6 +165,8 @@ def dma(dst: Tile, src: Any, mask: Any) -> None:
             raise NkiError(f"DMA shapes differ: source {src.shape}, destination {dst.shape}")
         launch = runtime.current()
         launch.usage.dma_bytes += _bytes(dst)
+        if not (src.buffer.on_chip and dst.buffer.on_chip):
+            launch.usage.hbm_bytes += _bytes(dst)
         fn = _reshaper(dst.shape) if src.shape != dst.shape else runtime._identity
         runtime.execute(fn, [src], [(dst, mask, "set")], "dma", _bytes(dst))
     else:
@@ -303,6 +305,7 @@ def _reduction(name: str, op: str) -> Callable[..., Tile]:
             count = int(np.prod([x.shape[a] for a in axes]))
             total = body
 
+            @ops.row_wise
             def body(v: Any) -> Any:
                 return total(v) / np.float32(count)
 
@@ -328,6 +331,7 @@ def softmax(x: Tile, axis: Any, *, dtype: Any = None, mask: Any = None, **_: Any
     axes = ops.reduce_axes(axis, len(x.shape), "nl.softmax")
     out = ops.new_tile(x.shape, dtype if dtype is not None else _float_dtype(x))
 
+    @ops.row_wise
     def body(v: Any) -> Any:
         v = ops.f32(v)
         e = np.exp(v - v.max(axis=axes, keepdims=True))
@@ -408,9 +412,31 @@ def program_ndim() -> int:
     return len(runtime.current().grid)
 
 
-def affine_range(*args: int, **_: Any) -> range:
+class _AffineRange:
+    """An affine_range while a kernel is traced: iterates like `range`, and tags the
+    instructions of each iteration for the compiled path's loop batching."""
+
+    def __init__(self, values: range, launch: runtime.Launch) -> None:
+        self.values = values
+        self.launch = launch
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.values[index]
+
+    def __iter__(self) -> Any:
+        return self.launch.iterate(self.values)
+
+
+def affine_range(*args: int, **_: Any) -> Any:
     """Loop whose iterations are independent (the compiler may reorder/pipeline them)."""
-    return range(*args)
+    values = range(*args)
+    launch = runtime.active()
+    if launch is None or launch.steps is None:
+        return values
+    return _AffineRange(values, launch)
 
 
 def sequential_range(*args: int, **_: Any) -> range:
@@ -458,6 +484,8 @@ def _install_operators() -> None:
     Tile.__neg__ = lambda self: negative(self)  # type: ignore[method-assign]
     Tile.__invert__ = lambda self: invert(self)  # type: ignore[method-assign]
     Tile.__hash__ = object.__hash__  # type: ignore[method-assign]
+    # ``tile.broadcast_to(shape)``, the method form public kernels use (RMSNorm tutorial)
+    Tile.broadcast_to = lambda self, shape: broadcast_to(self, shape)  # type: ignore[attr-defined]
 
 
 _install_operators()

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from . import codegen, runtime
 from .errors import NkiError
@@ -85,12 +86,35 @@ class Kernel:
             raise NkiError("a kernel with mode='trace' runs only when called from another kernel")
         return self.run(args, kwargs, compiled=_execution_mode() == "compiled")
 
+    def cost(self, *args: Any, **kwargs: Any) -> Any:
+        """Runs the kernel once and returns its estimated cost on the target chip
+        (:class:`torchneuron.nki.cost.CostEstimate`)."""
+        from .cost import estimate
+
+        return estimate(self, *args, **kwargs)
+
     def interpret(self, *args: Any, **kwargs: Any) -> Any:
         """Runs the reference interpreter (no compiled code), whatever the setting."""
         return self.run(args, kwargs, compiled=False)
 
     # -- launch --------------------------------------------------------------------------
     def run(self, args: tuple[Any, ...], kwargs: dict[str, Any], compiled: bool) -> Any:
+        # A NeuronCore instruction works on one tile (a matmul is at most 128x128x512):
+        # below the size where splitting it across host threads pays, and on a shared host
+        # thread hand-offs cost more than the work. Both paths run single-threaded, which
+        # also keeps their matmul results identical.
+        threads = torch.get_num_threads()
+        if threads != 1:
+            torch.set_num_threads(1)
+        try:
+            # Engines follow IEEE arithmetic silently (e.g. rsqrt of a masked-off zero row).
+            with np.errstate(all="ignore"):
+                return self._run(args, kwargs, compiled)
+        finally:
+            if threads != 1:
+                torch.set_num_threads(threads)
+
+    def _run(self, args: tuple[Any, ...], kwargs: dict[str, Any], compiled: bool) -> Any:
         device = launch_device(list(args) + list(kwargs.values()))
         converted = [to_hbm(a) or a for a in args]
         converted_kw = {k: to_hbm(v) or v for k, v in kwargs.items()}

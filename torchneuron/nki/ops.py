@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import torch
 
 from . import dtypes, runtime
 from .errors import NkiError
@@ -142,6 +143,14 @@ def compute(tile: Any, what: str) -> None:
             raise NkiError(f"{what}: partition dimension {tile.shape[0]} exceeds {PARTITIONS}")
 
 
+def row_wise(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Marks an instruction body whose every output partition row depends only on the same
+    row of its tile inputs (any number of rows): the compiled path may run a loop's
+    iterations as one call over their rows stacked."""
+    fn.row_wise = True  # type: ignore[attr-defined]
+    return fn
+
+
 def pad(x: Any, rank: int) -> Any:
     """A tile's array with trailing size-1 free dimensions up to `rank`: NKI aligns operands
     on the partition dimension (a [128] tile is one value per partition), unlike numpy."""
@@ -191,7 +200,7 @@ def elementwise_fn(op: str, rank: int = 0) -> Callable[..., Any]:
         def aligned(x: Any, y: Any) -> Any:
             return plain(pad(x, rank), pad(y, rank))
 
-        return aligned
+        return row_wise(aligned)
     if op in UNARY:
         base = UNARY[op]
 
@@ -200,7 +209,7 @@ def elementwise_fn(op: str, rank: int = 0) -> Callable[..., Any]:
 
         if isinstance(base, np.ufunc):
             unary.ufunc = base  # type: ignore[attr-defined]
-        return unary
+        return row_wise(unary)
     base2 = BINARY[op]
 
     def binary(x: Any, y: Any) -> Any:
@@ -208,7 +217,7 @@ def elementwise_fn(op: str, rank: int = 0) -> Callable[..., Any]:
 
     if isinstance(base2, np.ufunc):
         binary.ufunc = base2  # type: ignore[attr-defined]
-    return binary
+    return row_wise(binary)
 
 
 def elementwise(op: str, values: list[Any], dtype: Any, mask: Any, engine: str = "vector") -> Tile:
@@ -243,7 +252,7 @@ def reduce_fn(
         r = base(f32(x), axis=axes, keepdims=keepdims)
         return -r if negate else r
 
-    return reduce
+    return row_wise(reduce)  # axes never include the partition axis (reduce_axes)
 
 
 def reduced_shape(shape: tuple[int, ...], axes: tuple[int, ...], keepdims: bool) -> tuple[int, ...]:
@@ -298,16 +307,28 @@ def check_psum_dst(dst: Tile, shape: tuple[int, ...], what: str) -> None:
         raise NkiError(f"{what}: dst shape {dst.shape} differs from the result shape {shape}")
 
 
+def _cpu_tensor(x: np.ndarray) -> torch.Tensor:
+    x = f32(x)
+    if not x.flags.writeable or any(stride < 0 for stride in x.strides):
+        x = x.copy()  # torch.from_numpy views neither read-only memory nor negative strides
+    return torch.from_numpy(x)
+
+
 def matmul_fn(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    return np.matmul(f32(x).T, f32(y))
+    # torch.mm (oneDNN/MKL) is the one matmul both the interpreter and the compiled path
+    # call, so the two agree bit for bit; numpy's OpenBLAS is several times slower at
+    # tile sizes on a shared host.
+    return torch.mm(_cpu_tensor(x).T, _cpu_tensor(y)).numpy()
 
 
 def matmul_into(
     dst: Tile, stationary: Tile, moving: Tile, accumulate: bool, mask: Any, what: str
 ) -> None:
-    _, m, n = check_matmul(stationary, moving, what)
+    k, m, n = check_matmul(stationary, moving, what)
     check_psum_dst(dst, (m, n), what)
     mode = "acc" if accumulate else "set"
+    wide = "float32" in (dtypes.name(stationary.dtype), dtypes.name(moving.dtype))
+    runtime.current().usage.matmul_flops["fp32" if wide else "bf16"] += 2 * k * m * n
     runtime.execute(matmul_fn, [stationary, moving], [(dst, mask, mode)], "tensor", n + 64)
 
 

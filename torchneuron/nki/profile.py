@@ -28,6 +28,7 @@ class ChipProfile:
     psum_bytes_per_partition: int
     hbm_bandwidth_bytes_per_s: float
     peak_bf16_flops_per_core: float
+    peak_fp32_flops_per_core: float
     engine_clock_hz: float
 
     @property
@@ -65,6 +66,11 @@ def current_profile() -> ChipProfile:
         psum_bytes_per_partition=PSUM_BANKS * PSUM_BANK_BYTES,
         hbm_bandwidth_bytes_per_s=row["hbm_bandwidth_bytes_per_s"] / cores,
         peak_bf16_flops_per_core=row["peak_bf16_flops_per_chip"] / cores,
+        # trn3's FP32 figure is not published: assume the Tensor Engine's usual 1/4 rate.
+        peak_fp32_flops_per_core=(
+            row["peak_fp32_flops_per_chip"] or row["peak_bf16_flops_per_chip"] / 4
+        )
+        / cores,
         engine_clock_hz=1.4e9,
     )
     _cache[name] = profile

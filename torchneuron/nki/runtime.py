@@ -31,6 +31,7 @@ class Ref:
     sid: int
     keys: tuple[Any, ...]
     adv: tuple[Any, ...] | None
+    stacked: bool = False  # a batched loop's access: every iteration's rows, stacked
 
 
 @dataclass
@@ -40,6 +41,8 @@ class Step:
     outs: list[tuple[Ref, Any, str]]  # (destination, mask or None, "set" | "acc")
     engine: str
     allocated: int | None = None  # for "alloc" steps: the new storage's id
+    loops: tuple[tuple[int, int], ...] = ()  # enclosing affine_range loops: (loop, iteration)
+    batch: tuple[int, int] | None = None  # batched loop step: (iterations, rows per iteration)
 
 
 def _zeros() -> None:
@@ -52,7 +55,9 @@ class Usage:
 
     instructions: Counter = field(default_factory=Counter)
     engine_cycles: Counter = field(default_factory=Counter)
-    dma_bytes: int = 0
+    dma_bytes: int = 0  # every DMA (HBM<->SBUF and on-chip copies by DMA)
+    hbm_bytes: int = 0  # the DMAs with an HBM side
+    matmul_flops: Counter = field(default_factory=Counter)  # "fp32" | "bf16" (narrower types)
     sbuf_peak_bytes_per_partition: int = 0
     psum_peak_banks: int = 0
 
@@ -80,6 +85,20 @@ class Launch:
         self.roles: dict[int, tuple[str, int]] = {}
         self.nki_dtypes: dict[int, Any] = {}
         self.scratch_count = 0
+        self.loop_stack: list[tuple[int, int]] = []
+        self.loop_count = 0
+
+    def iterate(self, values: range) -> Any:
+        """Runs an affine_range loop, tagging the steps recorded in each iteration (the
+        compiled path batches iterations that repeat the same instructions)."""
+        loop = self.loop_count
+        self.loop_count += 1
+        for n, value in enumerate(values):
+            self.loop_stack.append((loop, n))
+            try:
+                yield value
+            finally:
+                self.loop_stack.pop()
 
     # -- allocation ----------------------------------------------------------------------
     def _release(self, buffer: Buffer, amount: int) -> None:
@@ -111,7 +130,12 @@ class Launch:
             self._charge_sbuf(storage)
         elif buffer.name == "psum":
             self._charge_psum(storage)
-        if buffer.on_chip or buffer.name in ("hbm", "private_hbm"):
+        # In a single-instance launch nl.hbm is visible to the caller like nl.shared_hbm, and
+        # new-style kernels return nl.hbm tensors; in an SPMD grid it is per instance.
+        per_instance = buffer.name == "private_hbm" or (
+            buffer.name == "hbm" and int(np.prod(self.grid, dtype=np.int64)) > 1
+        )
+        if buffer.on_chip or per_instance:
             storage.role = ("scratch", self.scratch_count)
             self.scratch_count += 1
             if self.steps is not None:
@@ -120,7 +144,9 @@ class Launch:
                 self.roles[storage.sid] = storage.role
                 self.arrays[storage.sid] = storage.array
                 self.nki_dtypes[storage.sid] = storage.dtype
-                self.steps.append(Step(_zeros, [], [], "alloc", storage.sid))
+                self.steps.append(
+                    Step(_zeros, [], [], "alloc", storage.sid, tuple(self.loop_stack))
+                )
         else:
             storage.role = ("output", len(self.shared))
             self.shared.append(storage)
@@ -283,12 +309,16 @@ def execute(
                 [launch.ref(x, masked) if isinstance(x, Tile) else x for x in ins],
                 [(launch.ref(t, mask is not None), mask, mode) for t, mask, mode in outs],
                 engine,
+                loops=tuple(launch.loop_stack),
             )
         )
 
 
 def _identity(x: np.ndarray) -> np.ndarray:
     return x
+
+
+_identity.row_wise = True  # type: ignore[attr-defined]
 
 
 def assign(target: Tile, value: Any) -> None:

@@ -1,0 +1,250 @@
+"""Rewrites of a recorded kernel before code generation (the compiled path only).
+
+Two rewrites of Tensor Engine work, both found in every tiled-matmul style kernel:
+
+* **PSUM accumulate folding** (exact). ``acc += nc_matmul(a, b)`` records a matmul into a
+  fresh PSUM tile and then an add of that tile into ``acc``; when the fresh tile is used
+  by nothing else, the pair is one accumulating matmul. The generated code computes the
+  same float32 product and the same float32 add, so the result is bit-identical.
+* **Contraction chains** (reassociated). The matmuls that accumulate into one PSUM tile,
+  whose operands were each DMA'd whole from consecutive row blocks of one HBM tensor
+  (``lhs_t[k*128:(k+1)*128, m-block]`` for k = 0, 1, ...), are one matmul over the full
+  contraction read straight from HBM: ``lhs_t[0:K, m-block].T @ rhs[0:K, n-block]``. The
+  DMAs into the now unread SBUF tiles are dropped. The sum over the contraction is then
+  ordered by the host BLAS rather than block by block, so results match the interpreter
+  to float32 rounding (relative error ~ K * 2**-24), not bit for bit.
+
+Tile contents are not observable outside a kernel, only HBM is; a rewrite applies only
+when no step in between touches the tiles and tensors it reorders.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from . import dtypes, ops
+from .runtime import Launch, Ref, Step, _identity
+
+
+def fused_matmul_fn(x: Any, y: Any) -> Any:
+    """A contraction chain's one matmul (marks the Step; the math is nc_matmul's)."""
+    return ops.matmul_fn(x, y)
+
+
+def _refs(step: Step) -> list[Ref]:
+    return [x for x in step.ins if isinstance(x, Ref)] + [o[0] for o in step.outs]
+
+
+def _uses(steps: list[Step | None]) -> dict[int, list[int]]:
+    uses: dict[int, list[int]] = defaultdict(list)
+    for n, step in enumerate(steps):
+        if step is None or step.engine == "alloc":
+            continue
+        for ref in _refs(step):
+            if not uses[ref.sid] or uses[ref.sid][-1] != n:
+                uses[ref.sid].append(n)
+    return uses
+
+
+def _plain(ref: Ref) -> bool:
+    return ref.adv is None
+
+
+def _whole(ref: Ref) -> bool:
+    return ref.adv is None and not ref.keys
+
+
+def _plain_out(step: Step) -> tuple[Ref, str] | None:
+    if len(step.outs) != 1:
+        return None
+    dst, mask, mode = step.outs[0]
+    if mask is not None or not _plain(dst):
+        return None
+    return dst, mode
+
+
+def _fold_psum_adds(launch: Launch, steps: list[Step | None]) -> None:
+    uses = _uses(steps)
+    for n, step in enumerate(steps):
+        if step is None or step.fn is not ops.matmul_fn:
+            continue
+        out = _plain_out(step)
+        if out is None or out[1] != "set" or not _whole(out[0]):
+            continue
+        temp = out[0].sid
+        if len(uses[temp]) != 2 or launch.roles[temp][0] != "scratch":
+            continue
+        if dtypes.name(launch.nki_dtypes[temp]) != "float32":
+            continue  # a bfloat16 PSUM tile rounds the product before the add
+        m = uses[temp][1]
+        add = steps[m]
+        if add is None or add.fn is not _identity or m != _next_compute(steps, n):
+            continue
+        add_out = _plain_out(add)
+        src = add.ins[0]
+        if add_out is None or add_out[1] != "acc" or not isinstance(src, Ref) or not _whole(src):
+            continue
+        if src.sid != temp or add_out[0].sid == temp:
+            continue
+        steps[n] = Step(ops.matmul_fn, step.ins, [(add_out[0], None, "acc")], step.engine)
+        steps[m] = None
+
+
+def _next_compute(steps: list[Step | None], n: int) -> int:
+    for m in range(n + 1, len(steps)):
+        step = steps[m]
+        if step is not None and step.engine != "alloc":
+            return m
+    return -1
+
+
+def _row_blocks(sources: list[Ref]) -> Ref | None:
+    """One Ref for the concatenation along axis 0 of consecutive row-block views of one
+    tensor (same key chain but for the first slice of the last key), or None."""
+    first = sources[0]
+    if any(s.sid != first.sid or s.adv is not None for s in sources) or not first.keys:
+        return None
+    prefix = first.keys[:-1]
+    rows = []
+    rest = None
+    for s in sources:
+        last = s.keys[-1]
+        if s.keys[:-1] != prefix or not isinstance(last, tuple) or not last:
+            return None
+        if not all(isinstance(k, slice) and k.step in (None, 1) for k in last):
+            return None
+        if rest is None:
+            rest = last[1:]
+        elif last[1:] != rest:
+            return None
+        rows.append(last[0])
+    for before, after in zip(rows, rows[1:], strict=False):
+        if before.stop is None or after.start != before.stop:
+            return None
+    fused = (slice(rows[0].start, rows[-1].stop),) + tuple(rest or ())
+    return Ref(first.sid, prefix + (fused,), None)
+
+
+def _loaded_from(
+    launch: Launch, steps: list[Step | None], uses: dict[int, list[int]], ref: Ref, at: int
+) -> tuple[Ref, int] | None:
+    """The HBM view a whole SBUF tile was copied from, if that copy and the matmul at `at`
+    are the tile's only uses; with the copy's step index."""
+    if not _whole(ref) or launch.roles[ref.sid][0] != "scratch" or len(uses[ref.sid]) != 2:
+        return None
+    n = uses[ref.sid][0]
+    copy = steps[n]
+    if copy is None or copy.fn is not _identity or uses[ref.sid][1] != at:
+        return None
+    out = _plain_out(copy)
+    src = copy.ins[0]
+    if out is None or out[1] != "set" or not _whole(out[0]) or not isinstance(src, Ref):
+        return None
+    same_type = launch.nki_dtypes.get(src.sid) == launch.nki_dtypes[ref.sid]
+    if not same_type or launch.arrays[ref.sid].dtype != launch.arrays[src.sid].dtype:
+        return None  # a converting copy (e.g. float32 -> bfloat16) changes the values
+    if launch.roles[src.sid][0] not in ("input", "output") or src.adv is not None:
+        return None
+    if src.keys and not isinstance(src.keys[-1], tuple):
+        return None
+    return src, n
+
+
+def _fuse_chains(launch: Launch, steps: list[Step | None]) -> list[Step | None]:
+    uses = _uses(steps)
+    chains: dict[int, list[int]] = defaultdict(list)
+    for n, step in enumerate(steps):
+        if step is not None and step.fn is ops.matmul_fn:
+            out = _plain_out(step)
+            if out is not None:
+                chains[out[0].sid].append(n)
+    result: list[Step | None] = list(steps)
+    for dst_sid, members in chains.items():
+        for chain in _split_chains(steps, uses, dst_sid, members):
+            fused = _fuse_one(launch, steps, uses, chain)
+            if fused is None:
+                continue
+            item, dropped = fused
+            for n in chain[:-1] + dropped:
+                result[n] = None
+            result[chain[-1]] = item
+    return result
+
+
+def _split_chains(
+    steps: list[Step | None], uses: dict[int, list[int]], dst_sid: int, members: list[int]
+) -> list[list[int]]:
+    """Runs of matmuls into the same destination view with no other use of it between."""
+    chains: list[list[int]] = []
+    current: list[int] = []
+    member_set = set(members)
+    for n in uses[dst_sid]:
+        step = steps[n]
+        ok = n in member_set and step is not None
+        if ok and current:
+            same = step.outs[0][0].keys == steps[current[0]].outs[0][0].keys  # type: ignore[union-attr]
+            ok = same and step.outs[0][2] == "acc"  # type: ignore[union-attr]
+        if ok:
+            current.append(n)
+            continue
+        if len(current) > 1:
+            chains.append(current)
+        current = [n] if n in member_set and step is not None else []
+    if len(current) > 1:
+        chains.append(current)
+    return chains
+
+
+def _fuse_one(
+    launch: Launch, steps: list[Step | None], uses: dict[int, list[int]], chain: list[int]
+) -> tuple[Step, list[int]] | None:
+    head = steps[chain[0]]
+    assert head is not None
+    if dtypes.name(launch.nki_dtypes[head.outs[0][0].sid]) != "float32":
+        return None  # a bfloat16 accumulator rounds after every step: not one matmul
+    sources: list[list[Ref]] = [[], []]
+    copies: list[int] = []
+    for n in chain:
+        step = steps[n]
+        assert step is not None
+        if len(step.ins) != 2:
+            return None
+        for side in (0, 1):
+            found = _loaded_from(launch, steps, uses, step.ins[side], n)
+            if found is None:
+                return None
+            sources[side].append(found[0])
+            copies.append(found[1])
+    fused = [_row_blocks(s) for s in sources]
+    if fused[0] is None or fused[1] is None:
+        return None
+    # The HBM operands must not change between the first copy and the last matmul.
+    start, end = min(copies), chain[-1]
+    for sid in {fused[0].sid, fused[1].sid}:
+        for n in uses[sid]:
+            step = steps[n]
+            if start <= n <= end and step is not None and any(o[0].sid == sid for o in step.outs):
+                return None
+    first = steps[chain[0]]
+    assert first is not None
+    dst, _, mode = first.outs[0]
+    return Step(fused_matmul_fn, [fused[0], fused[1]], [(dst, None, mode)], "tensor"), copies
+
+
+def plan(launch: Launch, steps: list[Step]) -> list[Step]:
+    """The steps to emit, in program order: the recorded ones with the rewrites applied
+    (a fused chain is a Step whose fn is :func:`fused_matmul_fn`), without the
+    allocations of tiles that no longer appear."""
+    work: list[Step | None] = list(steps)
+    _fold_psum_adds(launch, work)
+    fused = _fuse_chains(launch, work)
+    live: set[int] = set()
+    for item in fused:
+        if item is not None and item.engine != "alloc":
+            live.update(ref.sid for ref in _refs(item))
+    return [
+        item
+        for item in fused
+        if item is not None and not (item.engine == "alloc" and item.allocated not in live)
+    ]

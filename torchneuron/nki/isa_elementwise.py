@@ -1,0 +1,409 @@
+"""``nisa`` Scalar and Vector Engine instructions: activation, tensor_tensor,
+tensor_scalar, scalar_tensor_tensor, tensor_reduce, tensor_copy, reciprocal."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from . import dtypes, ops, runtime
+from .errors import NkiError
+from .isa_generations import _generations, _tensor_like
+from .language import ndarray
+from .tiles import Tile
+
+
+# -- Scalar Engine -----------------------------------------------------------------------
+def _activation_body(
+    op: str, scale_is_tile: bool, bias_is_tile: bool, reduce: str | None
+) -> Callable[..., Any]:
+    fn = ops.UNARY[op]
+    reducer = ops.REDUCE[reduce] if reduce else None
+
+    @ops.row_wise
+    def body(x: Any, scale: Any, bias: Any) -> Any:
+        rank = x.ndim
+        y = ops.f32(x) * ops.pad(ops.f32(scale), rank)
+        if bias is not None:
+            y = y + ops.pad(ops.f32(bias), rank)
+        y = fn(y)
+        if reducer is None:
+            return y
+        return y, reducer(y, axis=tuple(range(1, y.ndim)), keepdims=True).reshape(y.shape[0], 1)
+
+    return body
+
+
+def activation_into(
+    dst: Tile,
+    op: Any,
+    data: Tile,
+    bias: Any = None,
+    scale: Any = 1.0,
+    reduce_op: Any = None,
+    reduce_res: Tile | None = None,
+    reduce_cmd: Any = None,
+    mask: Any = None,
+    **_: Any,
+) -> None:
+    """dst = op(data * scale + bias), bias/scale per partition ([P, 1] tiles) or scalars;
+    with reduce_res, also reduce_res[:, 0] = reduce_op over the free axes of the result."""
+    data = _tensor_like(data, "nisa.activation")
+    name = ops.op_name(op)
+    if name not in ops.UNARY:
+        raise NkiError(f"nisa.activation: {name} is not an activation function")
+    for label, value in (("bias", bias), ("scale", scale)):
+        if isinstance(value, Tile):
+            ops.compute(value, f"nisa.activation {label}")
+            if value.shape not in ((data.shape[0], 1), (data.shape[0],)):
+                raise NkiError(
+                    f"nisa.activation: {label} must be a scalar or a [{data.shape[0]}, 1] tile "
+                    f"(one value per partition), got shape {value.shape}"
+                )
+    if reduce_res is not None and reduce_op is None:
+        reduce_op = "add"
+    reduce = ops.op_name(reduce_op) if reduce_op is not None else None
+    if reduce is not None and reduce not in ("add", "maximum", "minimum"):
+        raise NkiError(f"nisa.activation: reduce_op must be add/maximum/minimum, got {reduce}")
+    outs: list[tuple[Tile, Any, str]] = [(dst, mask, "set")]
+    if reduce is not None:
+        if reduce_res is None:
+            raise NkiError("nisa.activation: reduce_op needs a reduce_res tile")
+        if reduce_res.shape != (data.shape[0], 1):
+            raise NkiError(f"nisa.activation: reduce_res must have shape [{data.shape[0]}, 1]")
+        outs.append((reduce_res, None, "set"))
+    body = _activation_body(name, isinstance(scale, Tile), isinstance(bias, Tile), reduce)
+    scale_arg = runtime.operand(scale)
+    bias_arg = runtime.operand(bias)
+    runtime.execute(body, [data, scale_arg, bias_arg], outs, "scalar", ops.free_size(data.shape))
+
+
+def _activation_legacy(
+    op: Any,
+    data: Tile,
+    *,
+    bias: Any = None,
+    scale: Any = 1.0,
+    reduce_op: Any = None,
+    reduce_res: Tile | None = None,
+    reduce_cmd: Any = None,
+    mask: Any = None,
+    dtype: Any = None,
+    **_: Any,
+) -> Tile:
+    data = _tensor_like(data, "nisa.activation")
+    out = ndarray(
+        data.shape, dtype or (data.dtype if dtypes.is_float(data.dtype) else dtypes.float32)
+    )
+    activation_into(
+        out, op, data, bias=bias, scale=scale, reduce_op=reduce_op, reduce_res=reduce_res, mask=mask
+    )
+    return out
+
+
+activation = _generations(activation_into, _activation_legacy)
+
+
+def activation_reduce_into(
+    dst: Tile,
+    op: Any,
+    data: Tile,
+    reduce_op: Any,
+    reduce_res: Tile,
+    bias: Any = None,
+    scale: Any = 1.0,
+    mask: Any = None,
+    **_: Any,
+) -> None:
+    """activation with a reduction of the result along the free axes into reduce_res."""
+    activation_into(
+        dst, op, data, bias=bias, scale=scale, reduce_op=reduce_op, reduce_res=reduce_res, mask=mask
+    )
+
+
+def _activation_reduce_legacy(
+    op: Any,
+    data: Tile,
+    *,
+    reduce_op: Any,
+    reduce_res: Tile,
+    bias: Any = None,
+    scale: Any = 1.0,
+    mask: Any = None,
+    dtype: Any = None,
+    **_: Any,
+) -> Tile:
+    return _activation_legacy(
+        op,
+        data,
+        bias=bias,
+        scale=scale,
+        reduce_op=reduce_op,
+        reduce_res=reduce_res,
+        mask=mask,
+        dtype=dtype,
+    )
+
+
+activation_reduce = _generations(activation_reduce_into, _activation_reduce_legacy)
+
+
+# -- Vector Engine -----------------------------------------------------------------------
+def tensor_tensor_into(
+    dst: Tile, data1: Tile, data2: Tile, op: Any, engine: Any = None, mask: Any = None, **_: Any
+) -> None:
+    """dst = op(data1, data2), elementwise (same shapes)."""
+    a = _tensor_like(data1, "nisa.tensor_tensor")
+    b = _tensor_like(data2, "nisa.tensor_tensor")
+    if a.shape != b.shape:
+        raise NkiError(f"nisa.tensor_tensor: operand shapes differ: {a.shape} and {b.shape}")
+    name = ops.op_name(op)
+    if name not in ops.BINARY:
+        raise NkiError(f"nisa.tensor_tensor: {name} is not a binary operator")
+    runtime.execute(
+        ops.elementwise_fn(name), [a, b], [(dst, mask, "set")], "vector", ops.free_size(a.shape)
+    )
+
+
+def _tensor_tensor_legacy(
+    data1: Tile,
+    data2: Tile,
+    op: Any,
+    *,
+    dtype: Any = None,
+    mask: Any = None,
+    engine: Any = None,
+    **_: Any,
+) -> Tile:
+    a = _tensor_like(data1, "nisa.tensor_tensor")
+    b = _tensor_like(data2, "nisa.tensor_tensor")
+    out = ndarray(a.shape, ops.result_dtype(dtype, [a, b], ops.op_name(op)))
+    tensor_tensor_into(out, a, b, op, mask=mask)
+    return out
+
+
+tensor_tensor = _generations(tensor_tensor_into, _tensor_tensor_legacy)
+
+
+def _scalar_operand(value: Any, data: Tile, what: str) -> Any:
+    value = runtime.operand(value)
+    if isinstance(value, Tile):
+        ops.compute(value, what)
+        if value.shape not in ((data.shape[0], 1), (data.shape[0],)):
+            raise NkiError(
+                f"{what}: a tensor operand must hold one value per partition "
+                f"([{data.shape[0]}, 1]), got shape {value.shape}"
+            )
+        return value
+    return np.float32(value) if isinstance(value, float) else value
+
+
+def tensor_scalar_into(
+    dst: Tile,
+    data: Tile,
+    op0: Any,
+    operand0: Any,
+    reverse0: bool = False,
+    op1: Any = None,
+    operand1: Any = None,
+    reverse1: bool = False,
+    engine: Any = None,
+    mask: Any = None,
+    **_: Any,
+) -> None:
+    """dst = (data op0 operand0) op1 operand1; operands are scalars or [P, 1] vectors."""
+    data = _tensor_like(data, "nisa.tensor_scalar")
+    first = ops.BINARY[ops.op_name(op0)]
+    second = ops.BINARY[ops.op_name(op1)] if op1 is not None else None
+    a0 = _scalar_operand(operand0, data, "nisa.tensor_scalar")
+    a1 = _scalar_operand(operand1, data, "nisa.tensor_scalar") if op1 is not None else None
+
+    @ops.row_wise
+    def body(x: Any, s0: Any, s1: Any) -> Any:
+        x = ops.f32(x)
+        s0 = ops.pad(ops.f32(s0), x.ndim)
+        y = first(s0, x) if reverse0 else first(x, s0)
+        if second is not None:
+            s1 = ops.pad(ops.f32(s1), x.ndim)
+            y = second(s1, y) if reverse1 else second(y, s1)
+        return y
+
+    runtime.execute(body, [data, a0, a1], [(dst, mask, "set")], "vector", ops.free_size(data.shape))
+
+
+def _tensor_scalar_legacy(
+    data: Tile,
+    op0: Any,
+    operand0: Any,
+    reverse0: bool = False,
+    op1: Any = None,
+    operand1: Any = None,
+    reverse1: bool = False,
+    *,
+    dtype: Any = None,
+    mask: Any = None,
+    engine: Any = None,
+    **_: Any,
+) -> Tile:
+    data = _tensor_like(data, "nisa.tensor_scalar")
+    out = ndarray(
+        data.shape, dtype or (data.dtype if dtypes.is_float(data.dtype) else dtypes.float32)
+    )
+    tensor_scalar_into(out, data, op0, operand0, reverse0, op1, operand1, reverse1, mask=mask)
+    return out
+
+
+tensor_scalar = _generations(tensor_scalar_into, _tensor_scalar_legacy)
+
+
+def scalar_tensor_tensor_into(
+    dst: Tile,
+    data: Tile,
+    op0: Any,
+    operand0: Any,
+    op1: Any,
+    operand1: Tile,
+    reverse0: bool = False,
+    reverse1: bool = False,
+    mask: Any = None,
+    **_: Any,
+) -> None:
+    """dst = (data op0 operand0) op1 operand1, operand0 a scalar/[P,1], operand1 a tile."""
+    data = _tensor_like(data, "nisa.scalar_tensor_tensor")
+    other = _tensor_like(operand1, "nisa.scalar_tensor_tensor")
+    first = ops.BINARY[ops.op_name(op0)]
+    second = ops.BINARY[ops.op_name(op1)]
+    a0 = _scalar_operand(operand0, data, "nisa.scalar_tensor_tensor")
+
+    @ops.row_wise
+    def body(x: Any, s0: Any, y: Any) -> Any:
+        x, s0, y = ops.f32(x), ops.pad(ops.f32(s0), x.ndim), ops.f32(y)
+        t = first(s0, x) if reverse0 else first(x, s0)
+        return second(y, t) if reverse1 else second(t, y)
+
+    runtime.execute(
+        body, [data, a0, other], [(dst, mask, "set")], "vector", ops.free_size(data.shape)
+    )
+
+
+def _scalar_tensor_tensor_legacy(
+    *,
+    data: Tile,
+    op0: Any,
+    operand0: Any,
+    op1: Any,
+    operand1: Tile,
+    reverse0: bool = False,
+    reverse1: bool = False,
+    dtype: Any = None,
+    mask: Any = None,
+    **_: Any,
+) -> Tile:
+    data = _tensor_like(data, "nisa.scalar_tensor_tensor")
+    out = ndarray(data.shape, dtype or data.dtype)
+    scalar_tensor_tensor_into(
+        out, data, op0, operand0, op1, operand1, reverse0, reverse1, mask=mask
+    )
+    return out
+
+
+scalar_tensor_tensor = _generations(scalar_tensor_tensor_into, _scalar_tensor_tensor_legacy)
+
+
+def tensor_reduce_into(
+    dst: Tile,
+    op: Any,
+    data: Tile,
+    axis: Any,
+    negate: bool = False,
+    keepdims: bool = False,
+    mask: Any = None,
+    **_: Any,
+) -> None:
+    """dst = op-reduction of data over free `axis` (optionally negated)."""
+    data = _tensor_like(data, "nisa.tensor_reduce")
+    name = ops.op_name(op)
+    if name not in ops.REDUCE:
+        raise NkiError(f"nisa.tensor_reduce: {name} is not a reduction operator")
+    axes = ops.reduce_axes(axis, len(data.shape), "nisa.tensor_reduce")
+    shape = ops.reduced_shape(data.shape, axes, keepdims)
+    if int(np.prod(dst.shape)) != int(np.prod(shape)):
+        raise NkiError(
+            f"nisa.tensor_reduce: dst shape {dst.shape} does not hold the result {shape}"
+        )
+    body = ops.reduce_fn(name, axes, keepdims, negate)
+    if dst.shape != shape:
+        inner = body
+        target = dst.shape
+
+        def body(x: Any) -> Any:
+            return np.reshape(inner(x), target)
+
+    runtime.execute(body, [data], [(dst, mask, "set")], "vector", ops.free_size(data.shape))
+
+
+def _tensor_reduce_legacy(
+    op: Any,
+    data: Tile,
+    axis: Any,
+    *,
+    dtype: Any = None,
+    mask: Any = None,
+    negate: bool = False,
+    keepdims: bool = False,
+    **_: Any,
+) -> Tile:
+    data = _tensor_like(data, "nisa.tensor_reduce")
+    axes = ops.reduce_axes(axis, len(data.shape), "nisa.tensor_reduce")
+    out = ndarray(ops.reduced_shape(data.shape, axes, keepdims), dtype or data.dtype)
+    tensor_reduce_into(out, op, data, axis, negate, keepdims, mask=mask)
+    return out
+
+
+tensor_reduce = _generations(tensor_reduce_into, _tensor_reduce_legacy)
+
+
+def tensor_copy_into(dst: Tile, src: Tile, engine: Any = None, mask: Any = None, **_: Any) -> None:
+    """dst = src, converted to dst's dtype (PSUM→SBUF evacuation, dtype casts)."""
+    src = _tensor_like(src, "nisa.tensor_copy")
+    if src.shape != dst.shape:
+        raise NkiError(f"nisa.tensor_copy: shapes differ: src {src.shape}, dst {dst.shape}")
+    runtime.execute(
+        runtime._identity, [src], [(dst, mask, "set")], "vector", ops.free_size(src.shape)
+    )
+
+
+def _tensor_copy_legacy(
+    src: Tile, *, mask: Any = None, dtype: Any = None, engine: Any = None, **_: Any
+) -> Tile:
+    src = _tensor_like(src, "nisa.tensor_copy")
+    out = ndarray(src.shape, dtype or src.dtype)
+    tensor_copy_into(out, src, mask=mask)
+    return out
+
+
+tensor_copy = _generations(tensor_copy_into, _tensor_copy_legacy)
+
+
+def reciprocal_into(dst: Tile, data: Tile, mask: Any = None, **_: Any) -> None:
+    """dst = 1 / data."""
+    data = _tensor_like(data, "nisa.reciprocal")
+    runtime.execute(
+        ops.elementwise_fn("reciprocal"),
+        [data],
+        [(dst, mask, "set")],
+        "vector",
+        ops.free_size(data.shape),
+    )
+
+
+def _reciprocal_legacy(data: Tile, *, dtype: Any = None, mask: Any = None, **_: Any) -> Tile:
+    data = _tensor_like(data, "nisa.reciprocal")
+    out = ndarray(data.shape, dtype or dtypes.float32)
+    reciprocal_into(out, data, mask=mask)
+    return out
+
+
+reciprocal = _generations(reciprocal_into, _reciprocal_legacy)

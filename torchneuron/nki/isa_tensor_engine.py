@@ -1,0 +1,71 @@
+"""``nisa`` Tensor Engine instructions: nc_matmul and nc_transpose."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import dtypes, ops, runtime
+from .errors import NkiError, NkiUnsupportedError
+from .isa_generations import _generations, _tensor_like
+from .language import ndarray
+from .profile import PARTITIONS
+from .tiles import Tile, psum, sbuf
+
+
+def nc_matmul_into(
+    dst: Tile,
+    stationary: Tile,
+    moving: Tile,
+    is_stationary_onezero: bool = False,
+    is_moving_onezero: bool = False,
+    is_transpose: bool = False,
+    accumulate: Any = None,
+    tile_position: Any = (),
+    tile_size: Any = (),
+    mask: Any = None,
+    **_: Any,
+) -> None:
+    """dst (PSUM, float32) = stationary.T @ moving; accumulates unless accumulate=False."""
+    if is_transpose:
+        raise NkiUnsupportedError("nc_matmul(is_transpose=True): use nisa.nc_transpose")
+    ops.matmul_into(dst, stationary, moving, accumulate is not False, mask, "nisa.nc_matmul")
+
+
+def _nc_matmul_legacy(
+    stationary: Tile, moving: Tile, *, is_transpose: bool = False, mask: Any = None, **_: Any
+) -> Tile:
+    if is_transpose:
+        raise NkiUnsupportedError("nc_matmul(is_transpose=True): use nisa.nc_transpose")
+    return ops.matmul_result(stationary, moving, mask, "nisa.nc_matmul")
+
+
+nc_matmul = _generations(nc_matmul_into, _nc_matmul_legacy)
+
+
+def nc_transpose_into(
+    dst: Tile, data: Tile, engine: Any = None, mask: Any = None, **_: Any
+) -> None:
+    """dst = data.T (partition and free dimension swapped); Tensor Engine writes PSUM."""
+    data = _tensor_like(data, "nisa.nc_transpose")
+    if len(data.shape) != 2 or data.shape[0] > PARTITIONS or data.shape[1] > PARTITIONS:
+        raise NkiError(f"nisa.nc_transpose takes a 2-D tile of at most 128x128, got {data.shape}")
+    if dst.shape != data.shape[::-1]:
+        raise NkiError(f"nisa.nc_transpose: dst shape {dst.shape} is not {data.shape[::-1]}")
+    runtime.execute(np.transpose, [data], [(dst, mask, "set")], "tensor", data.shape[0] + 64)
+
+
+def _nc_transpose_legacy(
+    data: Tile, *, mask: Any = None, dtype: Any = None, engine: Any = None, **_: Any
+) -> Tile:
+    data = _tensor_like(data, "nisa.nc_transpose")
+    buffer = sbuf if engine is not None and getattr(engine, "name", "") == "vector" else psum
+    out = ndarray(
+        data.shape[::-1], dtype or (dtypes.float32 if buffer is psum else data.dtype), buffer=buffer
+    )
+    nc_transpose_into(out, data, mask=mask)
+    return out
+
+
+nc_transpose = _generations(nc_transpose_into, _nc_transpose_legacy)
