@@ -13,6 +13,7 @@ import pytest
 import torchneuron.nki as nki
 import torchneuron.nki.isa as nisa
 import torchneuron.nki.language as nl
+from torchneuron.nki import loop_batching
 
 RNG = np.random.default_rng(11)
 
@@ -45,7 +46,8 @@ CASES = {
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_sample_kernels_batched_bit_identical(name):
+def test_sample_kernels_batched_bit_identical(name, monkeypatch):
+    monkeypatch.setattr(loop_batching, "CHUNK_BYTES", 1 << 40)  # one chunk: the whole loop
     kernel, args = CASES[name](_rows(1024))
     expected, got, program = _compiled(kernel, *args)
     assert program.batched_steps > 0
@@ -54,6 +56,19 @@ def test_sample_kernels_batched_bit_identical(name):
     kernel, args = CASES[name](_rows(2048))
     _, _, longer = _compiled(kernel, *args)
     assert longer.source.count("\n") == program.source.count("\n")
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_chunks_and_a_remainder_iteration(name, monkeypatch):
+    monkeypatch.setattr(loop_batching, "CHUNK_BYTES", 1 << 40)
+    kernel, args = CASES[name](_rows(3 * 128))
+    _, _, whole = _compiled(kernel, *args)
+    # 9 tiles of 128 KiB, batched 2 at a time: 4 batched chunks and one plain iteration.
+    monkeypatch.setattr(loop_batching, "CHUNK_BYTES", 2 * 128 * 256 * 4)
+    kernel, args = CASES[name](_rows(9 * 128))
+    expected, got, program = _compiled(kernel, *args)
+    assert program.batched_steps == 4 * whole.batched_steps > 0
+    np.testing.assert_array_equal(got, expected)
 
 
 def test_masked_tail_is_not_batched_and_correct():
