@@ -207,3 +207,57 @@ def test_loads_that_must_stay_copies(kernel):
     np.testing.assert_allclose(
         expected, 4 * x if kernel is _overwrites_input_kernel else np.exp(x) + x, rtol=1e-6
     )
+
+
+def test_results_written_to_the_output_directly():
+    """The last instruction writes the output rows itself (no tile copied by the store)."""
+    x = _rows(512)
+    expected, got, program = _compiled(k.softmax_kernel, x)
+    assert "out=o0[" in program.source
+    assert not any(line.strip().startswith("np.copyto(o0[") for line in program.source.split("\n"))
+    np.testing.assert_array_equal(got, expected)
+
+
+@nki.jit
+def _stored_tile_read_again_kernel(x):
+    """The stored tile is read again after the store: it must stay a tile."""
+    n, d = x.shape
+    out = nl.ndarray((n, d), dtype=x.dtype, buffer=nl.shared_hbm)
+    twice = nl.ndarray((n, d), dtype=x.dtype, buffer=nl.shared_hbm)
+    y = nl.exp(nl.load(x))
+    nl.store(out, value=y)
+    nl.store(twice, value=nl.add(y, y))
+    return out, twice
+
+
+@nki.jit
+def _output_written_in_between_kernel(x):
+    """The output is written and read between the tile's producer and its store: the
+    producer must not write the output early."""
+    n, d = x.shape
+    out = nl.ndarray((n, d), dtype=x.dtype, buffer=nl.shared_hbm)
+    seen = nl.ndarray((n, d), dtype=x.dtype, buffer=nl.shared_hbm)
+    y = nl.exp(nl.load(x))
+    nl.store(out, value=nl.multiply(nl.load(x), 2.0))
+    nl.store(seen, value=nl.load(out))
+    nl.store(out, value=y)
+    return out, seen
+
+
+@pytest.mark.parametrize(
+    "kernel", [_stored_tile_read_again_kernel, _output_written_in_between_kernel]
+)
+def test_stores_that_must_stay_copies(kernel):
+    x = RNG.standard_normal((128, 64), dtype=np.float32)
+    expected = kernel.interpret(x)
+    kernel(x)
+    got = kernel(x)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    got = got if isinstance(got, tuple) else (got,)
+    for e, g in zip(expected, got, strict=True):
+        np.testing.assert_array_equal(g, e)
+    if kernel is _output_written_in_between_kernel:
+        np.testing.assert_allclose(got[0], np.exp(x), rtol=1e-6)
+        np.testing.assert_array_equal(got[1], 2 * x)
+    else:
+        np.testing.assert_allclose(got[1], 2 * np.exp(x), rtol=1e-6)

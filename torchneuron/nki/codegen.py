@@ -375,7 +375,7 @@ def _covering_first_writes(launch: Launch, steps: list[Step]) -> set[int]:
 
 def build(launch: Launch, n_inputs: int, n_outputs: int) -> CompiledKernel:
     steps = loop_batching.batch_loops(launch, fusion.plan(launch, launch.steps or []))
-    steps = fusion.elide_loads(launch, steps)
+    steps = fusion.store_in_place(launch, fusion.elide_loads(launch, steps))
     builder = _Builder(launch, launch.nki_dtypes)
     slots = builder.place_scratch(steps)
     covered = _covering_first_writes(launch, steps)

@@ -308,3 +308,63 @@ def elide_loads(launch: Launch, steps: list[Step]) -> list[Step]:
         ins = [moved(x) if isinstance(x, Ref) else x for x in step.ins]
         out.append(dataclasses.replace(step, ins=ins))
     return out
+
+
+def store_in_place(launch: Launch, steps: list[Step]) -> list[Step]:
+    """A float32 tile written whole by one instruction and then only stored (copied) to an
+    output is not materialised: the instruction writes the output rows directly (the
+    values are the same; this saves a pass over the data)."""
+    writers: dict[int, list[int]] = defaultdict(list)
+    readers: dict[int, list[int]] = defaultdict(list)
+    for n, step in enumerate(steps):
+        for x in step.ins:
+            if isinstance(x, Ref):
+                readers[x.sid].append(n)
+        for o in step.outs:
+            writers[o[0].sid].append(n)
+    redirect: dict[int, tuple[int, Ref]] = {}  # writer step -> (tile sid, output access)
+    drop: set[int] = set()
+    for n, step in enumerate(steps):
+        if step.fn is not _identity or len(step.outs) != 1 or len(step.ins) != 1:
+            continue
+        (src,), (dst, mask, mode) = step.ins, step.outs[0]
+        if not isinstance(src, Ref) or mask is not None or mode != "set" or dst.adv is not None:
+            continue
+        if launch.roles[dst.sid][0] != "output" or launch.roles[src.sid][0] != "scratch":
+            continue
+        if src.keys or src.adv is not None or readers[src.sid] != [n]:
+            continue
+        if len(writers[src.sid]) != 1 or writers[src.sid][0] >= n:
+            continue
+        producer = writers[src.sid][0]
+        if producer in redirect:
+            continue
+        out = [o for o in steps[producer].outs if o[0].sid == src.sid]
+        if len(out) != 1 or out[0][0].keys or out[0][0].adv is not None:
+            continue  # not a write of the whole tile
+        if out[0][1] is not None or out[0][2] != "set":
+            continue
+        if launch.arrays[src.sid].dtype != np.float32 or launch.arrays[dst.sid].dtype != np.float32:
+            continue
+        if dtypes.needs_rounding(launch.nki_dtypes[dst.sid]):
+            continue
+        if resolve_keys(launch.arrays[dst.sid], dst.keys).shape != launch.arrays[src.sid].shape:
+            continue
+        touched = [m for m in readers[dst.sid] + writers[dst.sid] if producer <= m < n]
+        if touched:
+            continue  # the output is read or written in between (or by the producer)
+        redirect[producer] = (src.sid, Ref(dst.sid, dst.keys, None, stacked=src.stacked))
+        drop.add(n)
+    if not redirect:
+        return steps
+    gone = {sid for sid, _ in redirect.values()}
+    result: list[Step] = []
+    for n, step in enumerate(steps):
+        if n in drop or (step.engine == "alloc" and step.allocated in gone):
+            continue
+        if n in redirect:
+            sid, target = redirect[n]
+            outs = [(target, m, mode) if o.sid == sid else (o, m, mode) for o, m, mode in step.outs]
+            step = dataclasses.replace(step, outs=outs)
+        result.append(step)
+    return result
