@@ -13,6 +13,7 @@ import pytest
 import torchneuron.nki as nki
 import torchneuron.nki.isa as nisa
 import torchneuron.nki.language as nl
+from torchneuron.nki import loop_batching
 
 RNG = np.random.default_rng(11)
 
@@ -45,7 +46,8 @@ CASES = {
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_sample_kernels_batched_bit_identical(name):
+def test_sample_kernels_batched_bit_identical(name, monkeypatch):
+    monkeypatch.setattr(loop_batching, "CHUNK_BYTES", 1 << 40)  # one chunk: the whole loop
     kernel, args = CASES[name](_rows(1024))
     expected, got, program = _compiled(kernel, *args)
     assert program.batched_steps > 0
@@ -54,6 +56,19 @@ def test_sample_kernels_batched_bit_identical(name):
     kernel, args = CASES[name](_rows(2048))
     _, _, longer = _compiled(kernel, *args)
     assert longer.source.count("\n") == program.source.count("\n")
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_chunks_and_a_remainder_iteration(name, monkeypatch):
+    monkeypatch.setattr(loop_batching, "CHUNK_BYTES", 1 << 40)
+    kernel, args = CASES[name](_rows(3 * 128))
+    _, _, whole = _compiled(kernel, *args)
+    # 9 tiles of 128 KiB, batched 2 at a time: 4 batched chunks and one plain iteration.
+    monkeypatch.setattr(loop_batching, "CHUNK_BYTES", 2 * 128 * 256 * 4)
+    kernel, args = CASES[name](_rows(9 * 128))
+    expected, got, program = _compiled(kernel, *args)
+    assert program.batched_steps == 4 * whole.batched_steps > 0
+    np.testing.assert_array_equal(got, expected)
 
 
 def test_masked_tail_is_not_batched_and_correct():
@@ -148,3 +163,101 @@ def test_strided_input_at_run_time():
     wide = np.zeros((512, 512), np.float32)
     wide[:, ::2] = x
     np.testing.assert_array_equal(k.softmax_kernel(wide[:, ::2]), expected)
+
+
+def test_loads_read_from_hbm_directly():
+    """A float32 tile loaded whole from an input nobody writes is read from the input: the
+    copy is gone from the generated code, results stay bit-identical."""
+    x = _rows(512)
+    expected, got, program = _compiled(k.softmax_kernel, x)
+    assert "a0[" in program.source
+    assert not any("np.copyto(" in line and ", a0[" in line for line in program.source.split("\n"))
+    np.testing.assert_array_equal(got, expected)
+
+
+@nki.jit
+def _overwrites_input_kernel(x):
+    """Loads a tile, then overwrites the input it came from: the tile keeps the old values."""
+    n, d = x.shape
+    out = nl.ndarray((n, d), dtype=x.dtype, buffer=nl.shared_hbm)
+    tile = nl.load(x)
+    nl.store(x, value=nl.multiply(tile, 3.0))
+    nl.store(out, value=nl.add(tile, nl.load(x)))
+    return out
+
+
+@nki.jit
+def _rewritten_tile_kernel(x):
+    """A loaded tile written again: it is the kernel's own copy, not the input."""
+    n, d = x.shape
+    out = nl.ndarray((n, d), dtype=x.dtype, buffer=nl.shared_hbm)
+    tile = nl.load(x)
+    tile[...] = nl.exp(tile)
+    nl.store(out, value=nl.add(tile, nl.load(x)))
+    return out
+
+
+@pytest.mark.parametrize("kernel", [_overwrites_input_kernel, _rewritten_tile_kernel])
+def test_loads_that_must_stay_copies(kernel):
+    x = RNG.standard_normal((128, 64), dtype=np.float32)
+    expected = kernel.interpret(x.copy())
+    kernel(x.copy())
+    got = kernel(x.copy())
+    np.testing.assert_array_equal(got, expected)
+    np.testing.assert_allclose(
+        expected, 4 * x if kernel is _overwrites_input_kernel else np.exp(x) + x, rtol=1e-6
+    )
+
+
+def test_results_written_to_the_output_directly():
+    """The last instruction writes the output rows itself (no tile copied by the store)."""
+    x = _rows(512)
+    expected, got, program = _compiled(k.softmax_kernel, x)
+    assert "out=o0[" in program.source
+    assert not any(line.strip().startswith("np.copyto(o0[") for line in program.source.split("\n"))
+    np.testing.assert_array_equal(got, expected)
+
+
+@nki.jit
+def _stored_tile_read_again_kernel(x):
+    """The stored tile is read again after the store: it must stay a tile."""
+    n, d = x.shape
+    out = nl.ndarray((n, d), dtype=x.dtype, buffer=nl.shared_hbm)
+    twice = nl.ndarray((n, d), dtype=x.dtype, buffer=nl.shared_hbm)
+    y = nl.exp(nl.load(x))
+    nl.store(out, value=y)
+    nl.store(twice, value=nl.add(y, y))
+    return out, twice
+
+
+@nki.jit
+def _output_written_in_between_kernel(x):
+    """The output is written and read between the tile's producer and its store: the
+    producer must not write the output early."""
+    n, d = x.shape
+    out = nl.ndarray((n, d), dtype=x.dtype, buffer=nl.shared_hbm)
+    seen = nl.ndarray((n, d), dtype=x.dtype, buffer=nl.shared_hbm)
+    y = nl.exp(nl.load(x))
+    nl.store(out, value=nl.multiply(nl.load(x), 2.0))
+    nl.store(seen, value=nl.load(out))
+    nl.store(out, value=y)
+    return out, seen
+
+
+@pytest.mark.parametrize(
+    "kernel", [_stored_tile_read_again_kernel, _output_written_in_between_kernel]
+)
+def test_stores_that_must_stay_copies(kernel):
+    x = RNG.standard_normal((128, 64), dtype=np.float32)
+    expected = kernel.interpret(x)
+    kernel(x)
+    got = kernel(x)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    got = got if isinstance(got, tuple) else (got,)
+    for e, g in zip(expected, got, strict=True):
+        np.testing.assert_array_equal(g, e)
+    if kernel is _output_written_in_between_kernel:
+        np.testing.assert_allclose(got[0], np.exp(x), rtol=1e-6)
+        np.testing.assert_array_equal(got[1], 2 * x)
+    else:
+        np.testing.assert_allclose(got[1], 2 * np.exp(x), rtol=1e-6)

@@ -90,6 +90,7 @@ class _Builder:
             "_t": _torch_view,
             "_split": _split_rows,
             "_repeat": _repeat_rows,
+            "_pad": ops.pad,
         }
         self.matmul_temps: dict[tuple[int, ...], str] = {}
         self.counter = 0
@@ -271,6 +272,7 @@ class _Builder:
     def _emit_fast(
         self, step: Step, args: list[str], dst: Ref, mode: str, dst_view: str | None = None
     ) -> bool:
+        split = dst_view is not None  # operands as [iterations, rows, ...] (batched loop)
         dst_view = dst_view or self.base_view(dst)
         if step.fn is _identity:
             if mode == "acc":
@@ -281,6 +283,11 @@ class _Builder:
                 self.lines.append(f"np.copyto({dst_view}, {args[0]}, casting='unsafe')")
             return True
         ufunc = getattr(step.fn, "ufunc", None)
+        aligned = getattr(step.fn, "aligned_ufunc", None)
+        if ufunc is None and aligned is not None and not split:
+            # Operands of different ranks meet on the partition axis: pad, then the ufunc.
+            ufunc = aligned[0]
+            args = [f"_pad({arg}, {aligned[1]})" for arg in args]
         float_inputs = all(
             self.storage_dtype(x) == np.float32
             if isinstance(x, Ref)
@@ -368,6 +375,7 @@ def _covering_first_writes(launch: Launch, steps: list[Step]) -> set[int]:
 
 def build(launch: Launch, n_inputs: int, n_outputs: int) -> CompiledKernel:
     steps = loop_batching.batch_loops(launch, fusion.plan(launch, launch.steps or []))
+    steps = fusion.store_in_place(launch, fusion.elide_loads(launch, steps))
     builder = _Builder(launch, launch.nki_dtypes)
     slots = builder.place_scratch(steps)
     covered = _covering_first_writes(launch, steps)

@@ -20,11 +20,15 @@ when no step in between touches the tiles and tensors it reorders.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from typing import Any
 
+import numpy as np
+
 from . import dtypes, ops
 from .runtime import Launch, Ref, Step, _identity
+from .tiles import resolve_keys
 
 
 def fused_matmul_fn(x: Any, y: Any) -> Any:
@@ -248,3 +252,119 @@ def plan(launch: Launch, steps: list[Step]) -> list[Step]:
         for item in fused
         if item is not None and not (item.engine == "alloc" and item.allocated not in live)
     ]
+
+
+def elide_loads(launch: Launch, steps: list[Step]) -> list[Step]:
+    """Tiles that are a plain float32 copy of an HBM input nobody writes, never written
+    again, are read from HBM directly: the DMA and the tile's zero fill are dropped (the
+    values read are the same; this saves a pass over the data)."""
+    written = {o[0].sid for step in steps if step.engine != "alloc" for o in step.outs}
+    writes: dict[int, int] = defaultdict(int)
+    for step in steps:
+        for o in step.outs:
+            writes[o[0].sid] += 1
+    first_read: dict[int, int] = {}
+    for n, step in enumerate(steps):
+        for x in step.ins:
+            if isinstance(x, Ref):
+                first_read.setdefault(x.sid, n)
+    source: dict[int, Ref] = {}
+    drop: set[int] = set()
+    for n, step in enumerate(steps):
+        if step.fn is not _identity or len(step.outs) != 1 or len(step.ins) != 1:
+            continue
+        (src,), (dst, mask, mode) = step.ins, step.outs[0]
+        if not isinstance(src, Ref) or mask is not None or mode != "set":
+            continue
+        if src.adv is not None or dst.adv is not None or dst.keys or writes[dst.sid] != 1:
+            continue
+        if launch.roles[src.sid][0] != "input" or src.sid in written:
+            continue
+        if launch.roles[dst.sid][0] != "scratch" or dst.sid in source:
+            continue
+        if launch.arrays[src.sid].dtype != np.float32 or launch.arrays[dst.sid].dtype != np.float32:
+            continue
+        if dtypes.needs_rounding(launch.nki_dtypes[dst.sid]):
+            continue
+        if resolve_keys(launch.arrays[src.sid], src.keys).shape != launch.arrays[dst.sid].shape:
+            continue
+        if first_read.get(dst.sid, n) < n:
+            continue  # read (as zeros) before the load
+        source[dst.sid] = src
+        drop.add(id(step))
+    if not source:
+        return steps
+
+    def moved(ref: Ref) -> Ref:
+        src = source.get(ref.sid)
+        if src is None:
+            return ref
+        return Ref(src.sid, src.keys + ref.keys, ref.adv, stacked=ref.stacked or src.stacked)
+
+    out: list[Step] = []
+    for step in steps:
+        if id(step) in drop or (step.engine == "alloc" and step.allocated in source):
+            continue
+        ins = [moved(x) if isinstance(x, Ref) else x for x in step.ins]
+        out.append(dataclasses.replace(step, ins=ins))
+    return out
+
+
+def store_in_place(launch: Launch, steps: list[Step]) -> list[Step]:
+    """A float32 tile written whole by one instruction and then only stored (copied) to an
+    output is not materialised: the instruction writes the output rows directly (the
+    values are the same; this saves a pass over the data)."""
+    writers: dict[int, list[int]] = defaultdict(list)
+    readers: dict[int, list[int]] = defaultdict(list)
+    for n, step in enumerate(steps):
+        for x in step.ins:
+            if isinstance(x, Ref):
+                readers[x.sid].append(n)
+        for o in step.outs:
+            writers[o[0].sid].append(n)
+    redirect: dict[int, tuple[int, Ref]] = {}  # writer step -> (tile sid, output access)
+    drop: set[int] = set()
+    for n, step in enumerate(steps):
+        if step.fn is not _identity or len(step.outs) != 1 or len(step.ins) != 1:
+            continue
+        (src,), (dst, mask, mode) = step.ins, step.outs[0]
+        if not isinstance(src, Ref) or mask is not None or mode != "set" or dst.adv is not None:
+            continue
+        if launch.roles[dst.sid][0] != "output" or launch.roles[src.sid][0] != "scratch":
+            continue
+        if src.keys or src.adv is not None or readers[src.sid] != [n]:
+            continue
+        if len(writers[src.sid]) != 1 or writers[src.sid][0] >= n:
+            continue
+        producer = writers[src.sid][0]
+        if producer in redirect:
+            continue
+        out = [o for o in steps[producer].outs if o[0].sid == src.sid]
+        if len(out) != 1 or out[0][0].keys or out[0][0].adv is not None:
+            continue  # not a write of the whole tile
+        if out[0][1] is not None or out[0][2] != "set":
+            continue
+        if launch.arrays[src.sid].dtype != np.float32 or launch.arrays[dst.sid].dtype != np.float32:
+            continue
+        if dtypes.needs_rounding(launch.nki_dtypes[dst.sid]):
+            continue
+        if resolve_keys(launch.arrays[dst.sid], dst.keys).shape != launch.arrays[src.sid].shape:
+            continue
+        touched = [m for m in readers[dst.sid] + writers[dst.sid] if producer <= m < n]
+        if touched:
+            continue  # the output is read or written in between (or by the producer)
+        redirect[producer] = (src.sid, Ref(dst.sid, dst.keys, None, stacked=src.stacked))
+        drop.add(n)
+    if not redirect:
+        return steps
+    gone = {sid for sid, _ in redirect.values()}
+    result: list[Step] = []
+    for n, step in enumerate(steps):
+        if n in drop or (step.engine == "alloc" and step.allocated in gone):
+            continue
+        if n in redirect:
+            sid, target = redirect[n]
+            outs = [(target, m, mode) if o.sid == sid else (o, m, mode) for o, m, mode in step.outs]
+            step = dataclasses.replace(step, outs=outs)
+        result.append(step)
+    return result

@@ -80,17 +80,28 @@ def _all_true(mask: Any) -> bool:
 class _Group:
     """One loop's iterations being matched against iteration 0."""
 
-    def __init__(self, launch: Launch, iterations: list[list[Step]], uses: dict[int, set[int]]):
+    def __init__(
+        self,
+        launch: Launch,
+        iterations: list[list[Step]],
+        uses: dict[int, set[int]],
+        loop: list[list[Step]],
+    ) -> None:
         self.launch = launch
-        self.iterations = iterations
+        self.iterations = iterations  # the iterations batched together (a chunk of `loop`)
         self.uses = uses
         self.count = len(iterations)
         self.rows: int | None = None  # partition rows per iteration
         self.local: list[dict[int, int]] = []  # per iteration: sid -> alloc position
         self.stacked_sid: dict[int, int] = {}  # iteration-0 local sid -> stacked sid
-        self.written: set[int] = set()
+        self.written: set[int] = set()  # over the whole loop, not just this chunk
         self.read: set[int] = set()
         self.hbm_writers: dict[int, int] = {}
+        for it in loop:
+            for step in it:
+                if step.engine != "alloc":
+                    self.read.update(x.sid for x in step.ins if isinstance(x, Ref))
+                    self.written.update(o[0].sid for o in step.outs)
 
     def _view(self, ref: Ref) -> np.ndarray:
         return resolve_keys(self.launch.arrays[ref.sid], ref.keys)
@@ -112,11 +123,6 @@ class _Group:
             for sid in self.local[-1]:
                 if not self.uses[sid] <= ids:
                     return None  # an iteration's tile used outside its iteration
-            for step in it:
-                if step.engine == "alloc":
-                    continue
-                self.read.update(x.sid for x in step.ins if isinstance(x, Ref))
-                self.written.update(o[0].sid for o in step.outs)
         out: list[Step] = []
         for k, step in enumerate(first):
             batched = self._step(k, step)
@@ -274,6 +280,29 @@ def batch_loops(launch: Launch, steps: list[Step]) -> list[Step]:
     return _batch(launch, steps, 0, _uses(steps))
 
 
+# Iterations batched per call: enough rows that per-call overhead is small, few enough
+# that one instruction's stacked tiles stay in the core's L2 cache between instructions.
+CHUNK_BYTES = 1 << 20
+
+
+def _chunks(
+    launch: Launch, iterations: list[list[Step]], uses: dict[int, set[int]]
+) -> list[Step] | None:
+    tile_bytes = max(
+        (launch.arrays[s.allocated].nbytes for s in iterations[0] if s.allocated is not None),
+        default=1,
+    )
+    size = max(1, min(len(iterations), CHUNK_BYTES // max(tile_bytes, 1)))
+    out: list[Step] = []
+    for start in range(0, len(iterations), size):
+        chunk = iterations[start : start + size]
+        batched = _Group(launch, chunk, uses, iterations).build() if len(chunk) > 1 else chunk[0]
+        if batched is None:
+            return None
+        out.extend(batched)
+    return out
+
+
 def _batch(launch: Launch, steps: list[Step], depth: int, uses: dict[int, set[int]]) -> list[Step]:
     out: list[Step] = []
     n = 0
@@ -301,7 +330,7 @@ def _batch(launch: Launch, steps: list[Step], depth: int, uses: dict[int, set[in
                 iterations = []
                 break
             iterations[-1].append(s)
-        batched = _Group(launch, iterations, uses).build() if len(iterations) > 1 else None
+        batched = _chunks(launch, iterations, uses) if len(iterations) > 1 else None
         out.extend(batched if batched is not None else _batch(launch, run, depth + 1, uses))
         n = end
     return out

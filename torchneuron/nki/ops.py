@@ -200,6 +200,8 @@ def elementwise_fn(op: str, rank: int = 0) -> Callable[..., Any]:
         def aligned(x: Any, y: Any) -> Any:
             return plain(pad(x, rank), pad(y, rank))
 
+        if hasattr(plain, "ufunc"):
+            aligned.aligned_ufunc = (plain.ufunc, rank)  # type: ignore[attr-defined]
         return row_wise(aligned)
     if op in UNARY:
         base = UNARY[op]
