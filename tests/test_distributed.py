@@ -376,6 +376,32 @@ def test_mismatched_shapes_raise_on_every_rank():
     assert run_ranks(_mismatch, 2) == {0: "ok", 1: "ok"}
 
 
+def _dtype_mismatch(rank: int, size: int) -> str:
+    import torch.distributed as dist
+
+    # float32 and int32 have the same size: only the dtype tells the calls apart.
+    for collective in ("broadcast", "all_gather"):
+        t = torch.ones(4, device="neuron", dtype=torch.float32 if rank == 0 else torch.int32)
+        try:
+            if collective == "broadcast":
+                dist.broadcast(t, src=0)
+            else:
+                dist.all_gather_into_tensor(torch.empty(8, device="neuron", dtype=t.dtype), t)
+        except RuntimeError as error:
+            assert "do not match" in str(error) and "Float" in str(error), str(error)
+        else:
+            raise AssertionError(f"{collective} of float32 against int32 did not raise")
+    t = torch.full((4,), float(rank), device="neuron")
+    dist.broadcast(t, src=1)  # the group is still usable
+    assert t.cpu().tolist() == [1.0] * 4
+    return "ok"
+
+
+def test_mismatched_dtypes_of_equal_size_raise_on_every_rank():
+    """Regression (fuzzing): broadcast and all_gather moved float32 bytes into int32 tensors."""
+    assert run_ranks(_dtype_mismatch, 2) == {0: "ok", 1: "ok"}
+
+
 TORCHRUN_SCRIPT = """
 import os, sys
 import torch, torch.distributed as dist

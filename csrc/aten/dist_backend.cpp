@@ -145,7 +145,8 @@ class NeuronBackend final : public c10d::Backend {
       return completed(tensors);
     }
     run("broadcast", [&] {
-      group_->broadcast(host_bytes(t, "broadcast"), t.nbytes(), static_cast<int>(opts.rootRank));
+      group_->broadcast(host_bytes(t, "broadcast"), t.nbytes(), static_cast<int>(opts.rootRank),
+                        c10::toString(t.scalar_type()));
     });
     return completed(tensors);
   }
@@ -479,7 +480,8 @@ class NeuronBackend final : public c10d::Backend {
       wait(inner_->_allgather_base(host_out, host_in, timed<c10d::AllgatherOptions>()));
       return;
     }
-    run(what, [&] { group_->all_gather(in, out, input.nbytes()); });
+    run(what,
+        [&] { group_->all_gather(in, out, input.nbytes(), c10::toString(input.scalar_type())); });
   }
 
   void scatter_reduced(at::Tensor& output, const at::Tensor& input, const c10d::ReduceOp& op,

@@ -26,6 +26,7 @@ struct Description {
   uint64_t count;
   uint32_t extra;  // reduce op or root
   uint32_t unused;
+  char payload[ShmGroup::kPayloadChars + 1];  // what raw bytes are (a dtype name), or ""
 };
 
 struct alignas(64) RankState {
@@ -214,15 +215,18 @@ uint32_t ShmGroup::reduction_extra(ReduceOp op, Finish finish) {
   return static_cast<uint32_t>(op) | (static_cast<uint32_t>(finish) << 16);
 }
 
-void ShmGroup::begin(Kind kind, uint64_t count, ElementType type, uint32_t extra) {
+void ShmGroup::begin(Kind kind, uint64_t count, ElementType type, uint32_t extra,
+                     const char* payload) {
   Description& mine = header()->ranks[rank_].description;
   mine = Description{
-      sequence_ + 1, static_cast<uint32_t>(kind), static_cast<uint32_t>(type), count, extra, 0};
+      sequence_ + 1, static_cast<uint32_t>(kind), static_cast<uint32_t>(type), count, extra, 0, {}};
+  std::strncpy(mine.payload, payload, kPayloadChars);
   arrive_and_wait(collective_name(static_cast<uint32_t>(kind)));
   for (int r = 0; r < size_; ++r) {
     const Description& other = header()->ranks[r].description;
     if (other.sequence != mine.sequence || other.kind != mine.kind || other.type != mine.type ||
-        other.count != mine.count || other.extra != mine.extra) {
+        other.count != mine.count || other.extra != mine.extra ||
+        std::strncmp(other.payload, mine.payload, kPayloadChars) != 0) {
       fail_mismatch(r);
     }
   }
@@ -242,15 +246,23 @@ void ShmGroup::fail_mismatch(int other) {
     } else if (kind == Kind::kBroadcast) {
       extra = ", root " + std::to_string(d.extra);
     }
-    return std::string(collective_name(d.kind)) + "(" + std::to_string(d.count) + " x " +
-           element_type_name(static_cast<ElementType>(d.type)) + extra + ", call #" +
-           std::to_string(d.sequence) + ")";
+    const std::string what =
+        d.payload[0] != '\0'
+            ? std::string(" bytes of ") + d.payload
+            : std::string(" x ") + element_type_name(static_cast<ElementType>(d.type));
+    return std::string(collective_name(d.kind)) + "(" + std::to_string(d.count) + what + extra +
+           ", call #" + std::to_string(d.sequence) + ")";
   };
-  throw std::runtime_error("neuron collectives do not match across ranks: rank " +
-                           std::to_string(rank_) + " called " + describe(a) + ", rank " +
-                           std::to_string(other) + " called " + describe(b) +
-                           ". Every rank must issue the same collectives, in the same order, "
-                           "with the same sizes and dtypes.");
+  const std::string message = "neuron collectives do not match across ranks: rank " +
+                              std::to_string(rank_) + " called " + describe(a) + ", rank " +
+                              std::to_string(other) + " called " + describe(b) +
+                              ". Every rank must issue the same collectives, in the same "
+                              "order, with the same sizes and dtypes.";
+  // Every rank sees a mismatch when any two differ. One more arrival keeps each rank's
+  // description in place until all have read it: a rank that threw first could otherwise
+  // publish its next call's description under a peer still composing this message.
+  arrive_and_wait(collective_name(a.kind));
+  throw std::runtime_error(message);
 }
 
 void ShmGroup::barrier() {
@@ -281,8 +293,8 @@ void ShmGroup::all_reduce(void* data, size_t count, ElementType type, ReduceOp o
   }
 }
 
-void ShmGroup::all_gather(const void* in, void* out, size_t bytes) {
-  begin(Kind::kAllGather, bytes, ElementType::kUInt8, 0);
+void ShmGroup::all_gather(const void* in, void* out, size_t bytes, const char* payload) {
+  begin(Kind::kAllGather, bytes, ElementType::kUInt8, 0, payload);
   const auto* src = static_cast<const char*>(in);
   auto* dst = static_cast<char*>(out);
   for (size_t offset = 0; offset < bytes; offset += slot_bytes_) {
@@ -316,12 +328,12 @@ void ShmGroup::reduce_scatter(const void* in, void* out, size_t count, ElementTy
   }
 }
 
-void ShmGroup::broadcast(void* data, size_t bytes, int root) {
+void ShmGroup::broadcast(void* data, size_t bytes, int root, const char* payload) {
   if (root < 0 || root >= size_) {
     throw std::invalid_argument("broadcast root " + std::to_string(root) +
                                 " is outside a group of " + std::to_string(size_));
   }
-  begin(Kind::kBroadcast, bytes, ElementType::kUInt8, static_cast<uint32_t>(root));
+  begin(Kind::kBroadcast, bytes, ElementType::kUInt8, static_cast<uint32_t>(root), payload);
   auto* buf = static_cast<char*>(data);
   for (size_t offset = 0; offset < bytes; offset += slot_bytes_) {
     const size_t n = std::min(slot_bytes_, bytes - offset);

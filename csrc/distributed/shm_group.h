@@ -58,12 +58,15 @@ class ShmGroup {
   // In place over `count` elements of every rank's buffer.
   void all_reduce(void* data, size_t count, ElementType type, ReduceOp op,
                   Finish finish = Finish::kNone);
-  // out holds size() * bytes: rank r's `in` lands at out + r * bytes.
-  void all_gather(const void* in, void* out, size_t bytes);
+  // out holds size() * bytes: rank r's `in` lands at out + r * bytes. `payload` names what
+  // the bytes are (the caller's dtype, at most kPayloadChars): ranks must agree on it, or
+  // float32 bytes would be read as int32 unnoticed.
+  void all_gather(const void* in, void* out, size_t bytes, const char* payload = "");
   // in holds size() * count elements; rank r receives the reduction of block r.
   void reduce_scatter(const void* in, void* out, size_t count, ElementType type, ReduceOp op,
                       Finish finish = Finish::kNone);
-  void broadcast(void* data, size_t bytes, int root);
+  void broadcast(void* data, size_t bytes, int root, const char* payload = "");
+  static constexpr size_t kPayloadChars = 23;
   // Uneven all-to-all: send_bytes[d] bytes of `in` (blocks in destination order) go to rank
   // d; recv_bytes[s] bytes from rank s land in `out` (blocks in source order). Every rank's
   // send sizes must equal its peers' receive sizes; a mismatch raises on every rank.
@@ -84,7 +87,7 @@ class ShmGroup {
   char* slot(int r) const;
   // Publishes this rank's description of the collective and checks every rank's after
   // the first barrier: same kind, element type, count, op and root.
-  void begin(Kind kind, uint64_t count, ElementType type, uint32_t extra);
+  void begin(Kind kind, uint64_t count, ElementType type, uint32_t extra, const char* payload = "");
   static uint32_t reduction_extra(ReduceOp op, Finish finish);
   void arrive_and_wait(const char* what);
   [[noreturn]] void fail_timeout(const char* what, uint64_t target);

@@ -208,6 +208,30 @@ TEST(ShmGroup, MismatchedCallsFailOnEveryRank) {
   EXPECT_EQ(codes, std::vector<int>({0, 0}));
 }
 
+// Raw-byte collectives carry the caller's dtype: float32 against int32 (same size) is a
+// mismatch, not a reinterpretation.
+TEST(ShmGroup, RawByteCollectivesCompareTheirPayload) {
+  const std::string name = unique_name("payload");
+  const auto codes = run_ranks(2, [&](int rank) {
+    ShmGroup group(options(name, rank, 2));
+    std::vector<int32_t> mine(4, rank), all(8, 0);
+    try {
+      group.all_gather(mine.data(), all.data(), mine.size() * sizeof(int32_t),
+                       rank == 0 ? "Float" : "Int");
+    } catch (const std::runtime_error& e) {
+      const std::string what = e.what();
+      if (what.find("16 bytes of Float") == std::string::npos ||
+          what.find("16 bytes of Int") == std::string::npos) {
+        return 7;
+      }
+      group.broadcast(mine.data(), mine.size() * sizeof(int32_t), 1, "Int");  // still usable
+      return mine[0] == 1 ? 0 : 9;
+    }
+    return 8;
+  });
+  EXPECT_EQ(codes, std::vector<int>({0, 0}));
+}
+
 TEST(ShmGroup, SegmentIsRemovedOnceAllRanksAttach) {
   const std::string name = unique_name("cleanup");
   const auto codes = run_ranks(2, [&](int rank) {
