@@ -24,8 +24,6 @@ from finetune_fixtures import (
     tokenized_dataset,
 )
 
-pytest.importorskip("accelerate")
-
 LOGITS_TOL = {"rtol": 1e-5, "atol": 1e-5}
 
 
@@ -137,7 +135,7 @@ def _lora_trainer(model: torch.nn.Module, tok: Any, out: str, *, cpu: bool):
 
 
 def test_peft_lora_train_save_reload_merge(tok, tmp_path):
-    peft = pytest.importorskip("peft")
+    import peft
 
     base = tiny_model(tok)
     config = peft.LoraConfig(

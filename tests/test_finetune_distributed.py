@@ -40,8 +40,6 @@ from finetune_fixtures import (
     tiny_model,
 )
 
-pytest.importorskip("trl")
-
 DEADLINE_S = 300
 LOGITS_TOL = {"rtol": 1e-5, "atol": 1e-5}
 SFT_WORKER = str(TESTS_DIR / "finetune_sft_worker.py")

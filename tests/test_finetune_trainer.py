@@ -26,8 +26,6 @@ from finetune_fixtures import (
     tokenized_dataset,
 )
 
-pytest.importorskip("transformers")
-
 
 @pytest.fixture(scope="module")
 def tok() -> Any:

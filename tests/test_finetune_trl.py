@@ -24,8 +24,6 @@ from finetune_fixtures import (
     tiny_model,
 )
 
-pytest.importorskip("trl")
-
 
 @pytest.fixture(scope="module")
 def tok() -> Any:
