@@ -10,6 +10,7 @@
 
 #include "caching_allocator.h"
 #include "compiled_graph_call.h"
+#include "cpu_features.h"
 #include "device_state.h"
 #include "dist_backend.h"
 #include "generator.h"
@@ -95,6 +96,13 @@ PYBIND11_MODULE(_C, m) {
   m.def("_synchronize", [](int64_t device) {
     NEURON_CHECK(
         nrt_device_synchronize(torchneuron::checked_device_index(device, /*allow_current=*/true)));
+  });
+  m.def("_kernel_isa", [] {
+    // The host CPU and the instruction set our kernels (csrc/kernels) run with.
+    const auto& features = neuron::kernels::cpu_features();
+    return std::map<std::string, std::string>{
+        {"model", features.model},
+        {"isa", neuron::kernels::isa_name(neuron::kernels::isa_level())}};
   });
   m.def("_launch_blocking", [] { return nrt_launch_blocking() != 0; });
   m.def("_mem_get_info", [](int64_t device) {
