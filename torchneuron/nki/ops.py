@@ -202,6 +202,7 @@ def elementwise_fn(op: str, rank: int = 0) -> Callable[..., Any]:
 
         if hasattr(plain, "ufunc"):
             aligned.aligned_ufunc = (plain.ufunc, rank)  # type: ignore[attr-defined]
+        aligned.lowering = ("binary", op, True)  # type: ignore[attr-defined]
         return row_wise(aligned)
     if op in UNARY:
         base = UNARY[op]
@@ -211,6 +212,7 @@ def elementwise_fn(op: str, rank: int = 0) -> Callable[..., Any]:
 
         if isinstance(base, np.ufunc):
             unary.ufunc = base  # type: ignore[attr-defined]
+        unary.lowering = ("unary", op)  # type: ignore[attr-defined]
         return row_wise(unary)
     base2 = BINARY[op]
 
@@ -219,6 +221,7 @@ def elementwise_fn(op: str, rank: int = 0) -> Callable[..., Any]:
 
     if isinstance(base2, np.ufunc):
         binary.ufunc = base2  # type: ignore[attr-defined]
+    binary.lowering = ("binary", op, False)  # type: ignore[attr-defined]
     return row_wise(binary)
 
 
@@ -254,6 +257,7 @@ def reduce_fn(
         r = base(f32(x), axis=axes, keepdims=keepdims)
         return -r if negate else r
 
+    reduce.lowering = ("reduce", op, axes, keepdims, negate, 1)  # type: ignore[attr-defined]
     return row_wise(reduce)  # axes never include the partition axis (reduce_axes)
 
 
