@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..cache_trust import NeffCacheSecurityError
 from . import cxx_build, dtypes, fusion, loop_batching, ops, row_programs
 from .runtime import Launch, Ref, Step, _identity
 from .tiles import resolve_keys
@@ -428,6 +429,8 @@ def build(launch: Launch, n_inputs: int, n_outputs: int) -> CompiledKernel:
     try:
         steps = _planned_steps(launch, 0)  # whole loops: a row program streams the rows
         return _emit_program(launch, steps, n_inputs, n_outputs, rows=True, fallback=plain)
+    except NeffCacheSecurityError:
+        raise  # an untrusted cache is the user's to fix, not a reason to go slow silently
     except (cxx_build.CxxUnavailable, OSError) as error:
         row_programs.warn_unavailable(error)
         return plain

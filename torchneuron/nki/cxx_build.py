@@ -43,9 +43,10 @@ class CxxUnavailable(RuntimeError):
 
 @functools.lru_cache(maxsize=1)
 def _compiler() -> tuple[str, str]:
-    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    chosen = os.environ.get("CXX")  # as build tools do: CXX, else g++ or c++ on PATH
+    cxx = shutil.which(chosen) if chosen else shutil.which("g++") or shutil.which("c++")
     if not cxx:
-        raise CxxUnavailable("no C++ compiler (g++) on PATH")
+        raise CxxUnavailable(f"no C++ compiler ({os.environ.get('CXX') or 'g++'}) found")
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True, check=False)
     return cxx, version.stdout.splitlines()[0] if version.stdout else cxx
 

@@ -341,9 +341,7 @@ def _batch(
             iterations[-1].append(s)
         batched = _chunks(launch, iterations, uses, chunk_bytes) if len(iterations) > 1 else None
         out.extend(
-            batched
-            if batched is not None
-            else _batch(launch, run, depth + 1, uses, chunk_bytes)
+            batched if batched is not None else _batch(launch, run, depth + 1, uses, chunk_bytes)
         )
         n = end
     return out
