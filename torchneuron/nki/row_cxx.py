@@ -50,6 +50,37 @@ static inline float op_erf(float x) {
 static inline float op_max(float a, float b) { return (a != a || a > b) ? a : b; }
 static inline float op_min(float a, float b) { return (a != a || a < b) ? a : b; }
 static inline float op_sign(float x) { return x > 0.0f ? 1.0f : (x < 0.0f ? -1.0f : x); }
+// bn_stats of n elements: (count, mean, variance) of the even and of the odd elements. With
+// unit stride, 16 lanes accumulate (a lane's parity is its elements' parity), so the
+// strided even/odd split costs no gathers.
+static inline void op_bn_stats(const float* x, long n, long cs, float* y, long ocs) {
+  float acc[16] = {0}, dev[16] = {0}, mean[16];
+  const long full = cs == 1 ? n / 16 * 16 : 0;
+  for (long c = 0; c < full; c += 16)
+    for (int k = 0; k < 16; ++k) acc[k] += x[c + k];
+  float sum[2] = {0.0f, 0.0f};
+  for (int k = 0; k < 16; ++k) sum[k & 1] += acc[k];
+  for (long c = full; c < n; ++c) sum[c & 1] += x[c * cs];
+  const long count[2] = {(n + 1) / 2, n / 2};
+  const float m[2] = {count[0] ? sum[0] / count[0] : 0.0f, count[1] ? sum[1] / count[1] : 0.0f};
+  for (int k = 0; k < 16; ++k) mean[k] = m[k & 1];
+  for (long c = 0; c < full; c += 16)
+    for (int k = 0; k < 16; ++k) {
+      const float d = x[c + k] - mean[k];
+      dev[k] += d * d;
+    }
+  float var[2] = {0.0f, 0.0f};
+  for (int k = 0; k < 16; ++k) var[k & 1] += dev[k];
+  for (long c = full; c < n; ++c) {
+    const float d = x[c * cs] - m[c & 1];
+    var[c & 1] += d * d;
+  }
+  for (int part = 0; part < 2; ++part) {
+    y[3 * part * ocs] = static_cast<float>(count[part]);
+    y[(3 * part + 1) * ocs] = m[part];
+    y[(3 * part + 2) * ocs] = count[part] ? var[part] / count[part] : 0.0f;
+  }
+}
 """
 
 UNARY: dict[str, str] = {

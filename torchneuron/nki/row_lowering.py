@@ -306,36 +306,12 @@ class StepLowering:
 
     def _bn_stats(self, step, lowering, outs, shapes, rows):  # noqa: ANN001, ANN202
         data = self._own(step, rows)
-        free, cs = data.view.free, max(data.view.col_stride, 1)
+        free, _cs = data.view.free, max(data.view.col_stride, 1)
         out, ocs = outs[0], max(outs[0].col_stride, 1)
         if out.free != 6 or step.outs[0][2] == "acc":
             raise NotLowerable
         lines = self._declare([data])
-        for part, start in ((0, 0), (1, 1)):
-            count = (free - start + 1) // 2
-            lines.append("{")
-            if count == 0:
-                lines.append(
-                    f"y0[{3 * part * ocs}] = 0.0f; y0[{(3 * part + 1) * ocs}] = 0.0f; "
-                    f"y0[{(3 * part + 2) * ocs}] = 0.0f;"
-                )
-            else:
-                element = f"(double)x0[({start} + 2 * c) * {cs}]"
-                lines.append("double sum = 0.0;")
-                lines.append("#pragma omp simd reduction(+:sum)")
-                lines.append(f"for (long c = 0; c < {count}; ++c) sum += {element};")
-                lines.append(f"const double mean = sum / {count}.0;")
-                lines.append("double dev = 0.0;")
-                lines.append("#pragma omp simd reduction(+:dev)")
-                lines.append(
-                    f"for (long c = 0; c < {count}; ++c) {{ double d = {element} - mean;"
-                    " dev += d * d; }"
-                )
-                lines.append(
-                    f"y0[{3 * part * ocs}] = {count}.0f; y0[{(3 * part + 1) * ocs}] = "
-                    f"(float)mean; y0[{(3 * part + 2) * ocs}] = (float)(dev / {count}.0);"
-                )
-            lines.append("}")
+        lines.append(f"op_bn_stats(x0, {free}, {data.view.col_stride}, y0, {ocs});")
         return lines, [data]
 
     def _bn_aggr(self, step, lowering, outs, shapes, rows):  # noqa: ANN001, ANN202
