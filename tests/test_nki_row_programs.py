@@ -247,7 +247,7 @@ def test_row_read_at_another_position_keeps_program_order():
     _close(got, 2 * (x[:128] + x[0]) + 2 * (x[0] + x[0]))
 
 
-def test_non_contiguous_hbm_input_runs_the_numpy_program():
+def test_strided_hbm_input_gets_its_own_program():
     @nki.jit
     def kernel(x):
         out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
@@ -258,10 +258,14 @@ def test_non_contiguous_hbm_input_runs_the_numpy_program():
 
     wide = _x(cols=2 * COLS, special=False)
     contiguous = np.ascontiguousarray(wide[:, ::2])
-    first = kernel(contiguous)  # compiles for the signature
-    assert list(kernel._cache.values())[-1].program.row_programs == 1
-    _close(kernel(wide[:, ::2]), first)  # same signature, strided: the numpy fallback
+    first = kernel(contiguous)
+    strided = kernel(wide[:, ::2])  # same shape, other strides: a program of its own
+    assert len(kernel._cache) == 2
+    assert all(entry.program.row_programs == 1 for entry in kernel._cache.values())
     _close(first, np.exp(contiguous))
+    _close(strided, first)
+    transposed = np.ascontiguousarray(wide[:, :COLS].T).T  # column-major rows
+    _close(kernel(transposed), np.exp(transposed))
 
 
 def test_partially_written_output_is_zero_elsewhere():

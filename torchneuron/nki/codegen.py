@@ -462,10 +462,7 @@ def _emit_program(
         runs = len(programs.runs)
         builder.names.update({"_fill": linked.fill, "_table": linked.table})
         builder.names.update({f"_run{n}": fn for n, fn in enumerate(linked.functions)})
-        builder.names["_fallback"] = fallback._run  # type: ignore[union-attr]
-        args = ", ".join(params)
-        builder.lines.append(f"if not _fill({args}):")
-        builder.lines.append(f"    return _fallback({args})  # an HBM array is not C-contiguous")
+        builder.lines.append(f"_fill({', '.join(params)})")
     for kind, item in items:
         if kind == "run":
             builder.lines.append(f"_run{item}(_table)")

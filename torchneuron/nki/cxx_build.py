@@ -30,7 +30,7 @@ FLAGS = [
     "-fno-math-errno",
     "-fno-trapping-math",
     "-ffp-contract=fast",
-    "-fopenmp-simd",
+    "-fopenmp",
     "-shared",
     "-fPIC",
     "-std=c++17",

@@ -117,7 +117,7 @@ def memset_into(dst: Tile, value: Any, engine: Any = None, mask: Any = None, **_
     if not dst.buffer.on_chip:
         raise NkiError("nisa.memset writes SBUF/PSUM tiles")
     runtime.execute(
-        lambda: np.asarray(value), [], [(dst, mask, "set")], "gpsimd", ops.free_size(dst.shape)
+        ops.constant_fn(value), [], [(dst, mask, "set")], "gpsimd", ops.free_size(dst.shape)
     )
 
 

@@ -61,7 +61,7 @@ def ndarray(
 def _filled(shape: Any, value: Any, dtype: Any, buffer: Any) -> Tile:
     tile = ndarray(shape, dtype, buffer=buffer)
     runtime.execute(
-        lambda: np.asarray(value), [], [(tile, None, "set")], "gpsimd", ops.free_size(tile.shape)
+        ops.constant_fn(value), [], [(tile, None, "set")], "gpsimd", ops.free_size(tile.shape)
     )
     return tile
 

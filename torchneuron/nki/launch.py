@@ -39,7 +39,8 @@ class _Compiled:
 def _signature_of(value: Any) -> Any:
     arg = value if isinstance(value, HbmArg) else None
     if arg is not None:
-        return ("tensor", arg.array.shape, _dtype_key(arg.dtype))
+        # strides too: compiled row programs address HBM by element offsets
+        return ("tensor", arg.array.shape, arg.array.strides, _dtype_key(arg.dtype))
     try:
         hash(value)
         return ("value", type(value).__name__, value)
@@ -105,19 +106,20 @@ class Kernel:
 
     # -- launch --------------------------------------------------------------------------
     def run(self, args: tuple[Any, ...], kwargs: dict[str, Any], compiled: bool) -> Any:
-        # A NeuronCore instruction works on one tile (a matmul is at most 128x128x512):
-        # below the size where splitting it across host threads pays, and on a shared host
-        # thread hand-offs cost more than the work. Both paths run single-threaded, which
-        # also keeps their matmul results identical.
+        # The interpreter runs single-threaded: its tile-sized torch.mm calls lose to thread
+        # hand-offs on a shared host. The compiled path leaves the thread count alone:
+        # changing it is global, and every torch op after the kernel then paid for the
+        # OpenMP pool's resize (a 0.4 ms linear took 30 ms on a loaded host).
         threads = torch.get_num_threads()
-        if threads != 1:
+        toggle = threads != 1 and not compiled
+        if toggle:
             torch.set_num_threads(1)
         try:
             # Engines follow IEEE arithmetic silently (e.g. rsqrt of a masked-off zero row).
             with np.errstate(all="ignore"):
                 return self._run(args, kwargs, compiled)
         finally:
-            if threads != 1:
+            if toggle:
                 torch.set_num_threads(threads)
 
     def _run(self, args: tuple[Any, ...], kwargs: dict[str, Any], compiled: bool) -> Any:

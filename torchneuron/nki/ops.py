@@ -151,6 +151,17 @@ def row_wise(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def constant_fn(value: Any) -> Callable[[], Any]:
+    """The body of a fill (memset, nl.zeros/ones/full): the value, broadcast on write."""
+
+    def fill() -> Any:
+        return np.asarray(value)
+
+    if np.ndim(value) == 0 and not isinstance(value, (bool, np.bool_)):
+        fill.lowering = ("fill", value)  # type: ignore[attr-defined]
+    return fill
+
+
 def pad(x: Any, rank: int) -> Any:
     """A tile's array with trailing size-1 free dimensions up to `rank`: NKI aligns operands
     on the partition dimension (a [128] tile is one value per partition), unlike numpy."""
@@ -325,6 +336,9 @@ def matmul_fn(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     # call, so the two agree bit for bit; numpy's OpenBLAS is several times slower at
     # tile sizes on a shared host.
     return torch.mm(_cpu_tensor(x).T, _cpu_tensor(y)).numpy()
+
+
+matmul_fn.lowering = ("matmul",)  # type: ignore[attr-defined]
 
 
 def matmul_into(

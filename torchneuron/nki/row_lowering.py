@@ -99,7 +99,7 @@ class StepLowering:
     # -- steps ----------------------------------------------------------------------------
     def lower(self, step: Step) -> tuple[int, list[str], list[tuple[View, str]], list[View]]:
         """(rows, C++ statements, reads, writes) of a step, or raises NotLowerable."""
-        lowering = getattr(step.fn, "lowering", None)
+        lowering = ("transpose",) if step.fn is np.transpose else getattr(step.fn, "lowering", None)
         if lowering is None or any(mask is not None for _, mask, _ in step.outs):
             raise NotLowerable
         outs = [self._output(ref) for ref, _, _ in step.outs]
@@ -112,8 +112,10 @@ class StepLowering:
             raise NotLowerable
         kind = lowering[0]
         body = getattr(self, f"_{kind}")
+        self.whole_reads: list[tuple[View, str]] = []
         lines, operands = body(step, lowering, views, shapes, rows)
         reads = [(op.view, op.row) for op in operands if op is not None and op.view is not None]
+        reads += self.whole_reads
         in_place = {v.slot for v, _ in reads} & {v.slot for v in views}
         elementwise = kind in ELEMENTWISE or (kind == "activation" and lowering[2] is None)
         if in_place and not elementwise:
@@ -161,6 +163,67 @@ class StepLowering:
         lines.append(f"  @Y0@ {expression.format(*values)};")
         lines.append("}")
         return lines
+
+    def _whole(self, x: Any) -> tuple[View, str]:
+        """A tile read at any row (a matmul or transpose operand): its row-0 address. Its
+        read is marked "*", so a run that writes it cannot hold this step."""
+        if not isinstance(x, Ref):
+            raise NotLowerable
+        view, _ = self.tables.view(x, self.n_inputs)
+        if view is None:
+            raise NotLowerable
+        return view, pointer(view, "0")
+
+    def _fill(self, step, lowering, outs, shapes, rows):  # noqa: ANN001, ANN202
+        value = row_cxx.literal(lowering[1])
+        if value is None or step.ins:
+            raise NotLowerable
+        return [f"for (long c = 0; c < {outs[0].free}; ++c) @Y0@ {value};"], []
+
+    def _matmul(self, step, lowering, outs, shapes, rows):  # noqa: ANN001, ANN202
+        """Out row r = sum over partitions k of stationary[k, r] * moving[k, :] (the Tensor
+        Engine's contraction over the partition axis), accumulated in float32."""
+        (s, s_ptr), (m, m_ptr) = (self._whole(x) for x in step.ins)
+        out = outs[0]
+        if s.free != rows or m.rows != s.rows or m.free != out.free or out.free > 4096:
+            raise NotLowerable
+        lines = [f"const float* x0 = {s_ptr};", f"const float* x1 = {m_ptr};"]
+        if m.col_stride != 1 and m.row_stride == 1 and s.row_stride == 1:
+            # both operands contiguous along the contraction: one dot product per column
+            lines += [
+                f"for (long c = 0; c < {out.free}; ++c) {{",
+                "  float acc = 0.0f;",
+                "  #pragma omp simd reduction(+:acc)",
+                f"  for (long k = 0; k < {s.rows}; ++k)",
+                f"    acc += x0[k + r * {s.col_stride}] * x1[k + c * {m.col_stride}];",
+                "  @Y0@ acc;",
+                "}",
+            ]
+        else:  # moving rows scaled and added (contiguous along the moving free axis)
+            lines += [
+                f"float t[{out.free}] = {{}};",
+                f"for (long k = 0; k < {s.rows}; ++k) {{",
+                f"  const float a = x0[k * {s.row_stride} + r * {s.col_stride}];",
+                f"  const float* mk = x1 + k * {m.row_stride};",
+                "  #pragma omp simd",
+                f"  for (long c = 0; c < {out.free}; ++c) t[c] += a * mk[c * {m.col_stride}];",
+                "}",
+                f"for (long c = 0; c < {out.free}; ++c) @Y0@ t[c];",
+            ]
+        self.whole_reads = [(s, "*"), (m, "*")]
+        return lines, []
+
+    def _transpose(self, step, lowering, outs, shapes, rows):  # noqa: ANN001, ANN202
+        (x, x_ptr), out = self._whole(step.ins[0]), outs[0]
+        if len(step.ins) != 1 or x.free != rows or x.rows != out.free:
+            raise NotLowerable
+        lines = [
+            f"const float* x0 = {x_ptr};",
+            f"for (long c = 0; c < {out.free}; ++c)",
+            f"  @Y0@ x0[c * {x.row_stride} + r * {x.col_stride}];",
+        ]
+        self.whole_reads = [(x, "*")]
+        return lines, []
 
     def _copy(self, step, lowering, outs, shapes, rows):  # noqa: ANN001, ANN202
         operands = self._ins(step, shapes[0], rows, pad=lowering[1])
@@ -306,7 +369,7 @@ class StepLowering:
 
     def _bn_stats(self, step, lowering, outs, shapes, rows):  # noqa: ANN001, ANN202
         data = self._own(step, rows)
-        free, _cs = data.view.free, max(data.view.col_stride, 1)
+        free = data.view.free
         out, ocs = outs[0], max(outs[0].col_stride, 1)
         if out.free != 6 or step.outs[0][2] == "acc":
             raise NotLowerable

@@ -39,9 +39,11 @@ from .row_views import POINTER, Tables, View
 from .runtime import Launch, Ref, Step
 
 VARIABLE = "TORCHNEURON_NKI_ROW_PROGRAMS"
-# Below this many elements per run, the numpy calls are cheap and a compile is not worth it.
+# Below this many elements over all runs, the numpy calls are cheap and a compile is not
+# worth it.
 MIN_ELEMENTS = 1 << 16
 LOCAL_LIMIT = 16384  # floats per row in a row-local buffer (on the stack)
+PARALLEL_ELEMENTS = 1 << 18  # a run this large runs its rows on all intra-op threads
 
 
 def mode() -> str:
@@ -131,16 +133,12 @@ class RowPrograms:
         """The steps in program order as ("step", step) for numpy or ("run", n) for C++ run n."""
         items: list[tuple[str, Any]] = []
         run: _Run | None = None
-        force = mode() == "always"
 
         def close() -> None:
             nonlocal run
             if run is not None:
-                if force or run.elements >= MIN_ELEMENTS:
-                    self.runs.append(run)
-                    items.append(("run", len(self.runs) - 1))
-                else:
-                    items.extend(("step", s) for s in run.steps)
+                self.runs.append(run)
+                items.append(("run", len(self.runs) - 1))
             run = None
 
         self.uses = _uses(steps, covered)
@@ -168,6 +166,9 @@ class RowPrograms:
             run.indices.append(index)
             run.elements += rows * max(v.free for v in writes)
         close()
+        if mode() != "always" and sum(r.elements for r in self.runs) < MIN_ELEMENTS:
+            self.runs = []  # too little work for a compile: the numpy program
+            return [("step", step) for step in steps]
         return items
 
     def source(self) -> str:
@@ -184,6 +185,10 @@ class RowPrograms:
 
             parts.append(f'extern "C" void run{n}(void** p) {{')
             parts.extend(f"  float* const A{k} = static_cast<float*>(p[{k}]);" for k in range(size))
+            if run.elements >= PARALLEL_ELEMENTS:
+                # rows are independent by construction (Run.admits): split them over torch's
+                # intra-op threads (the same libgomp, so the same pool and thread count)
+                parts.append("  #pragma omp parallel for schedule(static)")
             parts.append(f"  for (long r = 0; r < {run.rows}; ++r) {{")
             parts.extend(f"    float L{sid}[{extent}];" for sid, (_, extent) in local.items())
             parts.extend(f"    {POINTER.sub(address, line)}" for line in run.lines)
@@ -214,14 +219,12 @@ class Linked:
             fn.restype = None
             self.functions.append(fn)
 
-    def fill(self, *arrays: np.ndarray) -> bool:
-        """Puts this call's HBM arrays in the table; False if one is not C-contiguous."""
+    def fill(self, *arrays: np.ndarray) -> None:
+        """Puts this call's HBM arrays in the table (the kernel cache keys on their shapes
+        and strides, so the offsets compiled in hold for them)."""
         table = self.table
         for n, array in enumerate(arrays):
-            if not array.flags.c_contiguous:
-                return False
             table[n] = array.__array_interface__["data"][0]
-        return True
 
 
 def warn_unavailable(reason: Exception) -> None:

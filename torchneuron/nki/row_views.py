@@ -52,7 +52,7 @@ class Tables:
         self.n_hbm = n_hbm
         self.scratch: dict[int, int] = {}  # id(slot array) -> table index
         self.scratch_arrays: list[np.ndarray] = []
-        self.templates: dict[int, np.ndarray] = {}  # sid -> C-contiguous stand-in for HBM
+        self.templates: dict[int, np.ndarray] = {}  # sid -> stand-in with the HBM layout
 
     def view(self, ref: Ref, outputs_offset: int) -> tuple[View | None, np.ndarray]:
         role, index = self.launch.roles[ref.sid]
@@ -66,9 +66,10 @@ class Tables:
         else:
             template = self.templates.get(ref.sid)
             if template is None:
-                array = self.launch.arrays[ref.sid]
-                template = np.empty(array.shape, array.dtype)  # layout only, never touched
+                template = _layout_of(self.launch.arrays[ref.sid])
                 self.templates[ref.sid] = template
+            if template is None:  # negative strides: not addressed by row programs
+                return None, resolve_keys(self.launch.arrays[ref.sid], ref.keys)
             base = template
             slot = index if role == "input" else outputs_offset + index
         view = resolve_keys(base, ref.keys)
@@ -84,3 +85,14 @@ def pointer(v: View, row: str) -> str:
 
 
 POINTER = re.compile(r"@P(\d+),(\d+),(-?\d+),(-?\d+),([^@]+)@")
+
+
+def _layout_of(array: np.ndarray) -> np.ndarray | None:
+    """An array with `array`'s shape and strides over a one-element buffer (never read or
+    written: only view offsets are taken from it). The kernel cache keys on strides, so
+    every call of a compiled program has this layout."""
+    if any(stride < 0 for stride in array.strides):
+        return None
+    return np.lib.stride_tricks.as_strided(
+        np.empty(1, array.dtype), array.shape, array.strides, writeable=False
+    )
