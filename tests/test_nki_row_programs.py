@@ -348,3 +348,33 @@ def test_missing_compiler_warns_and_runs_numpy(monkeypatch):
         _close(got, np.exp(x))
     finally:
         cxx_build._compiler.cache_clear()
+
+
+@pytest.mark.parametrize("moving_layout", ["rows", "columns"])
+def test_matmul_accumulate_transpose_and_fills(moving_layout):
+    # scores = q^T k (dot-product form when k is column-major, axpy form otherwise), a PSUM
+    # accumulation of two products, a transpose and a memset, all inside row programs
+    @nki.jit
+    def kernel(q_t, k_t, v):
+        d, n = q_t.shape
+        out = nl.ndarray((n, v.shape[1]), dtype=v.dtype, buffer=nl.shared_hbm)
+        scores = nisa.nc_matmul(nl.load(q_t), nl.load(k_t))  # [n, m] in PSUM
+        acc = nl.zeros((n, v.shape[1]), nl.float32, buffer=nl.psum)
+        for c in nl.static_range(2):
+            probs_t = nisa.nc_transpose(scores[:, c * 64 : (c + 1) * 64])  # [64, n]
+            acc += nisa.nc_matmul(nl.copy(probs_t), nl.load(v[c * 64 : (c + 1) * 64, :]))
+        bias = nl.ndarray((n, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.memset(dst=bias, value=0.25)
+        nl.store(out, value=nl.add(acc, bias))
+        return out
+
+    q_t, v = _x(64, 128, special=False), _x(128, 96, special=False)
+    k_t = _x(64, 128, special=False)
+    if moving_layout == "columns":  # both column-major: contiguous along the contraction
+        q_t, k_t = np.asfortranarray(q_t), np.asfortranarray(k_t)
+    expected, got, program = _run(kernel, q_t, k_t, v)
+    assert program.row_programs >= 1
+    assert "torch.mm" not in program.source and "np." not in program.source
+    # |scores| ~ 3*3*8 = 72 over 64 terms, then 128-term products: float32 reordering
+    _close(got, expected, rtol=1e-4, atol=1e-2)
+    _close(got, (q_t.T @ k_t) @ v + 0.25, rtol=1e-4, atol=1e-2)
