@@ -35,7 +35,7 @@ class Operand:
     row: str  # C++ row index expression ("r", "0", "(r % 128)")
     constant: str = ""
 
-    def rowpointer(self, name: str, const: bool = True) -> str:
+    def row_pointer(self, name: str, const: bool = True) -> str:
         v = self.view
         assert v is not None
         qualifier = "const float*" if const else "float*"
@@ -56,6 +56,7 @@ class StepLowering:
         self.launch = launch
         self.tables = tables
         self.n_inputs = n_inputs
+        self.whole_reads: list[tuple[View, str]] = []  # the step's reads at any row ("*")
 
     # -- operands -------------------------------------------------------------------------
     def _operand(
@@ -112,7 +113,7 @@ class StepLowering:
             raise NotLowerable
         kind = lowering[0]
         body = getattr(self, f"_{kind}")
-        self.whole_reads: list[tuple[View, str]] = []
+        self.whole_reads = []
         lines, operands = body(step, lowering, views, shapes, rows)
         reads = [(op.view, op.row) for op in operands if op is not None and op.view is not None]
         reads += self.whole_reads
@@ -143,7 +144,7 @@ class StepLowering:
 
     @staticmethod
     def _declare(operands: list[Operand]) -> list[str]:
-        return [op.rowpointer(f"x{n}") for n, op in enumerate(operands) if op.view is not None]
+        return [op.row_pointer(f"x{n}") for n, op in enumerate(operands) if op.view is not None]
 
     @staticmethod
     def _wrap(lines: list[str], outs: list[View], modes: list[str]) -> list[str]:

@@ -17,8 +17,9 @@ array the run writes is accessed with one row geometry throughout.
 What is lowered: float32 tiles (no rounding to narrower types on write), no masks, no
 advanced indexing, and the bodies that carry a ``lowering`` description (copies and DMAs,
 broadcasts, nl/nisa elementwise math, free-axis reductions and means, activation with
-scale/bias/reduce, tensor_scalar, bn_stats/bn_aggr, softmax). Everything else stays numpy,
-and a call whose HBM arrays are not C-contiguous runs the whole numpy program instead.
+scale/bias/reduce, tensor_scalar, bn_stats/bn_aggr, softmax, fills, transposes and
+matmuls). Everything else stays numpy. HBM is addressed by element offsets compiled in: the
+kernel cache keys on the arrays' strides, so every call of a program has its layout.
 Results agree with the interpreter to float32 rounding (sums are reassociated, exp is a
 polynomial), not bit for bit; ``TORCHNEURON_NKI_ROW_PROGRAMS=never`` turns this off.
 """
@@ -69,10 +70,14 @@ class _Run:
 
     @staticmethod
     def _row_origin(v: View) -> tuple[int, int] | None:
+        """(row stride, offset of the first row's start) of a view whose rows each lie
+        within one row of its array; None for any other view (never admitted as written)."""
+        if v.row_stride < 0 or v.col_stride < 0:
+            return None
         if v.row_stride == 0:
             return (0, v.offset) if v.rows == 1 else None
         within = v.offset % v.row_stride
-        if within + (v.free - 1) * max(v.col_stride, 0) >= v.row_stride or v.col_stride < 0:
+        if within + (v.free - 1) * v.col_stride >= v.row_stride:
             return None
         return (v.row_stride, v.offset - within)
 
