@@ -17,6 +17,9 @@ from . import dtypes, row_cxx
 from .row_views import Tables, View, pointer
 from .runtime import Launch, Ref, Step
 
+# Matmuls up to this many flops run inside row programs (a row-at-a-time loop: no call
+# overhead, no thread hand-offs); larger ones stay torch.mm calls (blocked, packed BLAS).
+MATMUL_FLOPS = 1 << 22
 # Kinds that read a row element by element before writing it: in place is fine.
 ELEMENTWISE = {"copy", "unary", "binary", "tensor_scalar"}
 
@@ -188,6 +191,8 @@ class StepLowering:
         out = outs[0]
         if s.free != rows or m.rows != s.rows or m.free != out.free or out.free > 4096:
             raise NotLowerable
+        if 2 * rows * out.free * s.rows > MATMUL_FLOPS:
+            raise NotLowerable  # a BLAS (torch.mm) is faster than this loop at that size
         lines = [f"const float* x0 = {s_ptr};", f"const float* x1 = {m_ptr};"]
         if m.col_stride != 1 and m.row_stride == 1 and s.row_stride == 1:
             # both operands contiguous along the contraction: one dot product per column
