@@ -12,6 +12,10 @@
 #include <limits>
 #include <type_traits>
 
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include "row_kernels.h"
 #include "row_kernels_levels.h"
 
@@ -42,12 +46,40 @@ inline float bf16_to_float(uint16_t bits) {
 }
 
 // Round to nearest even; NaN becomes the canonical quiet NaN (as c10::BFloat16 does).
-inline VecH float_to_bf16(VecF value) {
+// Returns the 16-bit patterns in the low halves of 32-bit lanes.
+inline VecU float_to_bf16_lanes(VecF value) {
   const VecU bits = (VecU)value;
   VecU rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
   const VecU is_nan = (VecU)(value != value);
-  rounded = (rounded & ~is_nan) | (0x7fc0u & is_nan);
-  return __builtin_convertvector(rounded, VecH);
+  return (rounded & ~is_nan) | (0x7fc0u & is_nan);
+}
+
+// Widening 16 -> 32 and narrowing 32 -> 16 bits: the compiler's generic lowering of
+// __builtin_convertvector shuffles across lanes; one instruction each does it where known.
+inline VecU widen_u16(const uint16_t* p) {
+#if defined(__AVX512F__) && ROW_KERNELS_WIDTH == 16
+  return (VecU)_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+#elif defined(__AVX2__) && ROW_KERNELS_WIDTH == 8
+  return (VecU)_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+#else
+  VecH h;
+  std::memcpy(&h, p, sizeof h);
+  return __builtin_convertvector(h, VecU);
+#endif
+}
+
+inline void narrow_u16(uint16_t* p, VecU lanes) {
+#if defined(__AVX512F__) && ROW_KERNELS_WIDTH == 16
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16((__m512i)lanes));
+#elif defined(__AVX2__) && ROW_KERNELS_WIDTH == 8
+  const __m256i wide = (__m256i)lanes;  // every lane <= 0xffff: unsigned saturation is exact
+  _mm_storeu_si128(
+      reinterpret_cast<__m128i*>(p),
+      _mm_packus_epi32(_mm256_castsi256_si128(wide), _mm256_extracti128_si256(wide, 1)));
+#else
+  const VecH h = __builtin_convertvector(lanes, VecH);
+  std::memcpy(p, &h, sizeof h);
+#endif
 }
 
 // Loads and stores of kWidth elements at p[i..], and of n < kWidth elements (the rest of
@@ -73,9 +105,7 @@ struct Float32Io {
 
 struct BFloat16Io {
   static VecF load(const void* p, int64_t i) {
-    VecH h;
-    std::memcpy(&h, static_cast<const uint16_t*>(p) + i, sizeof h);
-    return (VecF)(__builtin_convertvector(h, VecU) << 16);
+    return (VecF)(widen_u16(static_cast<const uint16_t*>(p) + i) << 16);
   }
   static VecF load_partial(const void* p, int64_t i, int n, float fill) {
     float lanes[kWidth];
@@ -86,12 +116,12 @@ struct BFloat16Io {
     return v;
   }
   static void store(void* p, int64_t i, VecF v) {
-    const VecH h = float_to_bf16(v);
-    std::memcpy(static_cast<uint16_t*>(p) + i, &h, sizeof h);
+    narrow_u16(static_cast<uint16_t*>(p) + i, float_to_bf16_lanes(v));
   }
   static void store_partial(void* p, int64_t i, int n, VecF v) {
-    const VecH h = float_to_bf16(v);
-    std::memcpy(static_cast<uint16_t*>(p) + i, &h, sizeof(uint16_t) * n);
+    uint16_t lanes[kWidth];
+    narrow_u16(lanes, float_to_bf16_lanes(v));
+    std::memcpy(static_cast<uint16_t*>(p) + i, lanes, sizeof(uint16_t) * n);
   }
 };
 
@@ -130,8 +160,8 @@ inline VecF exp_vec(VecF x) {
 
 inline VecF sigmoid_vec(VecF x) { return 1.0f / (1.0f + exp_vec(-x)); }
 
-template <class Io>
-void softmax_row(bool log, const void* in, void* out, int64_t base, int64_t cols) {
+template <class Io, bool log>
+void softmax_row(const void* in, void* out, int64_t base, int64_t cols) {
   const int64_t full = cols - cols % kWidth;
   const int rest = static_cast<int>(cols - full);
   const float neg_inf = -std::numeric_limits<float>::infinity();
@@ -163,7 +193,7 @@ void softmax_row(bool log, const void* in, void* out, int64_t base, int64_t cols
   }
   const float sum = horizontal_sum(sum_acc);
 
-  if (log) {
+  if constexpr (log) {
     const float log_sum = std::log(sum);
     for (int64_t j = 0; j < full; j += kWidth) {
       Io::store(out, base + j, (Io::load(in, base + j) - row_max) - log_sum);
@@ -184,23 +214,37 @@ void softmax_row(bool log, const void* in, void* out, int64_t base, int64_t cols
   }
 }
 
-template <class Io>
-void softmax_backward_row(bool log, const void* grad_out, const void* out, void* grad_in,
-                          int64_t base, int64_t cols) {
+template <class Io, bool log>
+void softmax_backward_row(const void* grad_out, const void* out, void* grad_in, int64_t base,
+                          int64_t cols) {
   const int64_t full = cols - cols % kWidth;
   const int rest = static_cast<int>(cols - full);
   // softmax: sum(g * y); log_softmax: sum(g).
   VecF acc = splat(0.0f);
   for (int64_t j = 0; j < full; j += kWidth) {
     const VecF g = Io::load(grad_out, base + j);
-    acc += log ? g : g * Io::load(out, base + j);
+    if constexpr (log) {
+      acc += g;
+    } else {
+      acc += g * Io::load(out, base + j);
+    }
   }
   if (rest) {
     const VecF g = Io::load_partial(grad_out, base + full, rest, 0.0f);
-    acc += log ? g : g * Io::load_partial(out, base + full, rest, 0.0f);
+    if constexpr (log) {
+      acc += g;
+    } else {
+      acc += g * Io::load_partial(out, base + full, rest, 0.0f);
+    }
   }
   const float total = horizontal_sum(acc);
-  auto grad = [&](VecF g, VecF y) { return log ? g - exp_vec(y) * total : y * (g - total); };
+  auto grad = [total](VecF g, VecF y) {
+    if constexpr (log) {
+      return g - exp_vec(y) * total;
+    } else {
+      return y * (g - total);
+    }
+  };
   for (int64_t j = 0; j < full; j += kWidth) {
     Io::store(grad_in, base + j, grad(Io::load(grad_out, base + j), Io::load(out, base + j)));
   }
@@ -250,24 +294,28 @@ void silu_backward_range(const void* grad_out, const void* in, void* grad_in, in
 
 void softmax(RowDtype dtype, bool log, const void* in, void* out, int64_t row_begin,
              int64_t row_end, int64_t cols, int64_t row_stride) {
-  for (int64_t r = row_begin; r < row_end; ++r) {
-    if (dtype == RowDtype::kFloat32) {
-      softmax_row<Float32Io>(log, in, out, r * row_stride, cols);
-    } else {
-      softmax_row<BFloat16Io>(log, in, out, r * row_stride, cols);
-    }
+  auto rows = [&](auto row) {
+    for (int64_t r = row_begin; r < row_end; ++r) row(in, out, r * row_stride, cols);
+  };
+  if (dtype == RowDtype::kFloat32) {
+    log ? rows(softmax_row<Float32Io, true>) : rows(softmax_row<Float32Io, false>);
+  } else {
+    log ? rows(softmax_row<BFloat16Io, true>) : rows(softmax_row<BFloat16Io, false>);
   }
 }
 
 void softmax_backward(RowDtype dtype, bool log, const void* grad_out, const void* out,
                       void* grad_in, int64_t row_begin, int64_t row_end, int64_t cols,
                       int64_t row_stride) {
-  for (int64_t r = row_begin; r < row_end; ++r) {
-    if (dtype == RowDtype::kFloat32) {
-      softmax_backward_row<Float32Io>(log, grad_out, out, grad_in, r * row_stride, cols);
-    } else {
-      softmax_backward_row<BFloat16Io>(log, grad_out, out, grad_in, r * row_stride, cols);
-    }
+  auto rows = [&](auto row) {
+    for (int64_t r = row_begin; r < row_end; ++r) row(grad_out, out, grad_in, r * row_stride, cols);
+  };
+  if (dtype == RowDtype::kFloat32) {
+    log ? rows(softmax_backward_row<Float32Io, true>)
+        : rows(softmax_backward_row<Float32Io, false>);
+  } else {
+    log ? rows(softmax_backward_row<BFloat16Io, true>)
+        : rows(softmax_backward_row<BFloat16Io, false>);
   }
 }
 
