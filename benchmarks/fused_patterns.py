@@ -10,7 +10,8 @@ well below the memory bound. This prints, per pattern, shape and dtype:
     CPU eager time, Inductor (torch.compile on the CPU; backend="neuron" compiles the same
     C++), and the time of `torch.add(a, b, out=c)` over the pattern's bytes read and written
     (a streaming kernel at memory speed): "bound" = copy time / Inductor time (1.0: at the
-    memory bound, nothing left for a hand-written kernel).
+    memory bound, nothing left for a hand-written kernel). A last row does the same for
+    the CPU's fused AdamW step against eager (no Inductor).
 
     python benchmarks/fused_patterns.py [--threads N] [--quick]
 """
@@ -96,8 +97,54 @@ def main(argv: list[str] | None = None) -> int:
             ]
             table.body.append(row)
             print("  " + "  ".join(row), flush=True)
+    table.body += adamw_rows(rounds)
+    print("  " + "  ".join(table.body[-1]), flush=True)
     print_table(table, args.markdown)
     return 0
+
+
+def adamw_rows(rounds: int) -> list[list[str]]:
+    """The CPU's fused AdamW step (what Trainer's adamw_torch_fused runs) on 4M float32
+    parameters: reads param, grad, exp_avg, exp_avg_sq; writes three of them back."""
+    n = 4 * 2**20
+    params = [torch.randn(n)]
+    grads = [torch.randn(n)]
+    exp_avgs, exp_avg_sqs = [torch.zeros(n)], [torch.zeros(n)]
+    steps = [torch.tensor(1.0)]
+
+    def step() -> None:
+        torch._fused_adamw_(
+            params,
+            grads,
+            exp_avgs,
+            exp_avg_sqs,
+            [],
+            steps,
+            lr=1e-4,
+            beta1=0.9,
+            beta2=0.999,
+            weight_decay=0.01,
+            eps=1e-8,
+            amsgrad=False,
+            maximize=False,
+        )
+
+    m = 7 * n // 3
+    a, b, c = torch.randn(m), torch.randn(m), torch.empty(m)
+    fns = {"eager": step, "copy": lambda: torch.add(a, b, out=c)}
+    with gc_paused():
+        seconds = interleaved(fns, calibrate(step, "cpu", 0.05), rounds)
+    return [
+        [
+            "_fused_adamw_",
+            f"{n}",
+            "float32",
+            fmt(seconds["eager"] * 1e6),
+            "-",
+            fmt(seconds["copy"] * 1e6),
+            f"{seconds['copy'] / seconds['eager']:.2f}",
+        ]
+    ]
 
 
 if __name__ == "__main__":
