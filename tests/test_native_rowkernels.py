@@ -215,3 +215,99 @@ def test_off_switch_and_every_isa_level() -> None:
     bad = pending["bad"].result()
     assert bad.returncode != 0
     assert "TORCHNEURON_NATIVE_KERNELS='yes' is not valid" in bad.stderr, describe(bad)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul_op_forward_and_backward_match_eager(dtype: torch.dtype) -> None:
+    # torchneuron::silu_mul against silu(a) * b on the CPU; its backward through autograd.
+    from torchneuron.compile_rewrites import _register_autograd
+
+    _register_autograd()
+    a = (torch.randn(8, 300, generator=torch.Generator().manual_seed(8)) * 4).to(dtype)
+    b = torch.randn(8, 300, generator=torch.Generator().manual_seed(9)).to(dtype)
+    grad = torch.randn(8, 300, generator=torch.Generator().manual_seed(10)).to(dtype)
+    a_cpu, b_cpu = a.clone().requires_grad_(), b.clone().requires_grad_()
+    a_dev, b_dev = a.to("neuron").requires_grad_(), b.to("neuron").requires_grad_()
+    before = runs()
+    (F.silu(a_cpu) * b_cpu).backward(grad)
+    out = torch.ops.torchneuron.silu_mul(a_dev, b_dev)
+    out.backward(grad.to("neuron"))
+    assert ran(before, "torchneuron::silu_mul") == int(NATIVE)
+    assert ran(before, "torchneuron::silu_mul_backward") == int(NATIVE)
+    expected = (F.silu(a) * b).to(dtype)
+    torch.testing.assert_close(out.detach().cpu(), expected, **TOLERANCE[dtype])
+    torch.testing.assert_close(a_dev.grad.cpu(), a_cpu.grad, **TOLERANCE[dtype])
+    torch.testing.assert_close(b_dev.grad.cpu(), b_cpu.grad, **TOLERANCE[dtype])
+    # Shapes the kernel does not take (broadcasting) compute the same thing with aten ops.
+    row = b[:1].to("neuron")
+    torch.testing.assert_close(
+        torch.ops.torchneuron.silu_mul(a.to("neuron"), row).cpu(),
+        F.silu(a) * b[:1],
+        **TOLERANCE[dtype],
+    )
+
+
+def _gated_graph() -> torch.fx.GraphModule:
+    # The graph Dynamo captures for LlamaMLP's act_fn(gate) * up, with its example values.
+    def gated(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return F.silu(a) * b
+
+    gm = torch.fx.symbolic_trace(gated)
+    example = torch.randn(4, 8)
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "call_function"):
+            node.meta["example_value"] = example
+    return gm
+
+
+def test_rewrite_is_opt_in_and_replaces_silu_times_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchneuron.compile_rewrites import rewrite_silu_mul
+
+    a, b = torch.randn(4, 8), torch.randn(4, 8)
+    monkeypatch.delenv("TORCHNEURON_COMPILE_REWRITES", raising=False)
+    gm = _gated_graph()
+    assert rewrite_silu_mul(gm) == 0
+    monkeypatch.setenv("TORCHNEURON_COMPILE_REWRITES", "1")
+    assert rewrite_silu_mul(gm) == int(NATIVE)
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    if NATIVE:
+        assert targets == [torch.ops.torchneuron.silu_mul.default]
+    torch.testing.assert_close(gm(a, b), F.silu(a) * b, rtol=1e-5, atol=1e-6)
+    monkeypatch.setenv("TORCHNEURON_COMPILE_REWRITES", "yes")
+    with pytest.raises(ValueError, match="TORCHNEURON_COMPILE_REWRITES='yes' is not valid"):
+        rewrite_silu_mul(_gated_graph())
+
+
+def test_compiled_gated_mlp_rewrite_is_applied_and_matches_cpu() -> None:
+    # torch.compile(backend="neuron") with TORCHNEURON_COMPILE_REWRITES=1: a Llama MLP's
+    # silu(gate) * up becomes torchneuron::silu_mul in forward and backward; results match
+    # the CPU's eager model within float32 tolerance.
+    code = """
+        import torch, torchneuron
+        from torchneuron.compile_rewrites import rewrite_counters
+        from transformers import LlamaConfig
+        from transformers.models.llama.modeling_llama import LlamaMLP
+        torch.manual_seed(0)
+        cpu = LlamaMLP(LlamaConfig(hidden_size=64, intermediate_size=128))
+        dev = LlamaMLP(LlamaConfig(hidden_size=64, intermediate_size=128)).to("neuron")
+        dev.load_state_dict(cpu.state_dict())
+        x = torch.randn(3, 5, 64)
+        xc, xd = x.clone().requires_grad_(), x.to("neuron").requires_grad_()
+        yd = torch.compile(dev, backend="neuron")(xd)
+        yd.sum().backward()
+        yc = cpu(xc)
+        yc.sum().backward()
+        tol = dict(rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(yd.detach().cpu(), yc.detach(), **tol)
+        torch.testing.assert_close(xd.grad.cpu(), xc.grad, **tol)
+        grad_dev, grad_cpu = dev.gate_proj.weight.grad, cpu.gate_proj.weight.grad
+        torch.testing.assert_close(grad_dev.cpu(), grad_cpu, **tol)
+        runs = torchneuron._C._native_kernel_runs()
+        print("REWRITES", rewrite_counters()["silu_mul"])
+        forward = runs.get("torchneuron::silu_mul", 0)
+        print("RUNS", forward, runs.get("torchneuron::silu_mul_backward", 0))
+    """
+    result = start_all({"on": (code, {"TORCHNEURON_COMPILE_REWRITES": "1"})})["on"].result()
+    assert result.returncode == 0, describe(result)
+    assert "REWRITES 1" in result.stdout, describe(result)
+    assert "RUNS 1 1" in result.stdout, describe(result)

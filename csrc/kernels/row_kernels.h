@@ -1,7 +1,7 @@
 // Row-wise and elementwise kernels of transformer training and inference: softmax and
-// log-softmax over the last dimension (forward and backward) and SiLU (forward and
-// backward), in float32 and bfloat16. Math is float32 throughout; bfloat16 results are
-// rounded to nearest-even, as PyTorch's CPU kernels round them.
+// log-softmax over the last dimension (forward and backward), SiLU and the SiLU-gated MLP's
+// silu(gate) * up (forward and backward), in float32 and bfloat16. Math is float32 throughout;
+// bfloat16 results are rounded to nearest-even, as PyTorch's CPU kernels round them.
 //
 // Plain C++ over raw pointers (no torch types). Every function works on a range of rows
 // (or elements) so the caller can split the work across its own threads.
@@ -32,6 +32,12 @@ struct RowKernels {
   // grad_in[i] = grad_out[i] * s * (1 + x * (1 - s)), s = sigmoid(x).
   void (*silu_backward)(RowDtype dtype, const void* grad_out, const void* in, void* grad_in,
                         int64_t begin, int64_t end);
+  // The SiLU-gated MLP's elementwise part: out[i] = silu(gate[i]) * up[i].
+  void (*silu_mul)(RowDtype dtype, const void* gate, const void* up, void* out, int64_t begin,
+                   int64_t end);
+  // Its backward: grad_gate = grad * up * silu'(gate), grad_up = grad * silu(gate).
+  void (*silu_mul_backward)(RowDtype dtype, const void* grad_out, const void* gate, const void* up,
+                            void* grad_gate, void* grad_up, int64_t begin, int64_t end);
 };
 
 // The implementations for `level` (levels without their own code use the next lower one).

@@ -292,6 +292,70 @@ void silu_backward_range(const void* grad_out, const void* in, void* grad_in, in
   });
 }
 
+template <class Io>
+void silu_mul_range(const void* gate, const void* up, void* out, int64_t begin, int64_t end) {
+  elementwise<Io>(begin, end, [&](int64_t i, int n) {
+    const bool whole = n == kWidth;
+    const VecF a = whole ? Io::load(gate, i) : Io::load_partial(gate, i, n, 0.0f);
+    const VecF b = whole ? Io::load(up, i) : Io::load_partial(up, i, n, 0.0f);
+    // silu(a) is rounded to the storage dtype before the product, as silu(a) * up is
+    // computed by two ops in eager (and by Inductor, which rounds the same way).
+    VecF s = a / (1.0f + exp_vec(-a));
+    if constexpr (std::is_same_v<Io, BFloat16Io>) s = (VecF)(float_to_bf16_lanes(s) << 16);
+    const VecF y = s * b;
+    if (whole) {
+      Io::store(out, i, y);
+    } else {
+      Io::store_partial(out, i, n, y);
+    }
+  });
+}
+
+template <class Io>
+void silu_mul_backward_range(const void* grad_out, const void* gate, const void* up,
+                             void* grad_gate, void* grad_up, int64_t begin, int64_t end) {
+  elementwise<Io>(begin, end, [&](int64_t i, int n) {
+    const bool whole = n == kWidth;
+    const VecF g = whole ? Io::load(grad_out, i) : Io::load_partial(grad_out, i, n, 0.0f);
+    const VecF a = whole ? Io::load(gate, i) : Io::load_partial(gate, i, n, 0.0f);
+    const VecF b = whole ? Io::load(up, i) : Io::load_partial(up, i, n, 0.0f);
+    const VecF sig = sigmoid_vec(a);
+    VecF silu_a = a * sig;
+    VecF g_silu = g * b;  // the gradient reaching silu(gate), rounded as eager's mul result
+    if constexpr (std::is_same_v<Io, BFloat16Io>) {
+      silu_a = (VecF)(float_to_bf16_lanes(a / (1.0f + exp_vec(-a))) << 16);
+      g_silu = (VecF)(float_to_bf16_lanes(g_silu) << 16);
+    }
+    const VecF da = g_silu * sig * (1.0f + a * (1.0f - sig));
+    const VecF db = g * silu_a;
+    if (whole) {
+      Io::store(grad_gate, i, da);
+      Io::store(grad_up, i, db);
+    } else {
+      Io::store_partial(grad_gate, i, n, da);
+      Io::store_partial(grad_up, i, n, db);
+    }
+  });
+}
+
+void silu_mul(RowDtype dtype, const void* gate, const void* up, void* out, int64_t begin,
+              int64_t end) {
+  if (dtype == RowDtype::kFloat32) {
+    silu_mul_range<Float32Io>(gate, up, out, begin, end);
+  } else {
+    silu_mul_range<BFloat16Io>(gate, up, out, begin, end);
+  }
+}
+
+void silu_mul_backward(RowDtype dtype, const void* grad_out, const void* gate, const void* up,
+                       void* grad_gate, void* grad_up, int64_t begin, int64_t end) {
+  if (dtype == RowDtype::kFloat32) {
+    silu_mul_backward_range<Float32Io>(grad_out, gate, up, grad_gate, grad_up, begin, end);
+  } else {
+    silu_mul_backward_range<BFloat16Io>(grad_out, gate, up, grad_gate, grad_up, begin, end);
+  }
+}
+
 void softmax(RowDtype dtype, bool log, const void* in, void* out, int64_t row_begin,
              int64_t row_end, int64_t cols, int64_t row_stride) {
   auto rows = [&](auto row) {
@@ -338,6 +402,7 @@ void silu_backward(RowDtype dtype, const void* grad_out, const void* in, void* g
 
 }  // namespace
 
-const RowKernels kRowKernels{&softmax, &softmax_backward, &silu, &silu_backward};
+const RowKernels kRowKernels{&softmax,       &softmax_backward, &silu,
+                             &silu_backward, &silu_mul,         &silu_mul_backward};
 
 }  // namespace neuron::kernels::ROW_KERNELS_NAMESPACE

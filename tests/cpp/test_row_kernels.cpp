@@ -194,6 +194,35 @@ TEST_P(RowKernelsTest, SiluAndBackwardMatchDoubleReference) {
   }
 }
 
+TEST_P(RowKernelsTest, SiluMulAndBackwardMatchDoubleReference) {
+  const nk::RowDtype dtype = GetParam();
+  for (int64_t n : {1, 9, 16, 33, 2051}) {
+    Buffer a(dtype, random_values(n, 5.0f, 11u + n)), b(dtype, random_values(n, 2.0f, 13u + n));
+    Buffer g(dtype, random_values(n, 1.0f, 17u + n));
+    for (nk::IsaLevel level : host_levels()) {
+      SCOPED_TRACE(std::string(nk::isa_name(level)) + " " + dtype_name(dtype) +
+                   " n=" + std::to_string(n));
+      Buffer y(dtype, n), da(dtype, n), db(dtype, n);
+      nk::row_kernels_for(level).silu_mul(dtype, a.data(), b.data(), y.data(), 0, n);
+      nk::row_kernels_for(level).silu_mul_backward(dtype, g.data(), a.data(), b.data(), da.data(),
+                                                   db.data(), 0, n);
+      // bfloat16: silu(a) and g * b are rounded once more in the middle (as eager's two ops),
+      // so allow two roundings.
+      const double rounds = dtype == nk::RowDtype::kFloat32 ? 1.0 : 2.0;
+      for (int64_t i = 0; i < n; ++i) {
+        const double x = a.at(i), s = 1.0 / (1.0 + std::exp(-x));
+        const double ref_y = x * s * b.at(i);
+        const double ref_da = g.at(i) * b.at(i) * s * (1.0 + x * (1.0 - s));
+        const double ref_db = g.at(i) * x * s;
+        const double terms = std::fabs(g.at(i) * b.at(i) * s) * (1.0 + std::fabs(x)) + 1e-30;
+        ASSERT_NEAR(y.at(i), ref_y, rounds * tolerance(dtype, ref_y, 1e-6)) << "at " << i;
+        ASSERT_NEAR(da.at(i), ref_da, rounds * tolerance(dtype, ref_da, terms)) << "at " << i;
+        ASSERT_NEAR(db.at(i), ref_db, rounds * tolerance(dtype, ref_db, 1e-6)) << "at " << i;
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, RowKernelsTest,
                          ::testing::Values(nk::RowDtype::kFloat32, nk::RowDtype::kBFloat16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
