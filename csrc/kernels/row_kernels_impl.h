@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <utility>
 
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
@@ -125,16 +126,29 @@ struct BFloat16Io {
   }
 };
 
+// Lane i exchanged with lane i ^ kDistance (a butterfly step of a reduction tree).
+template <int kDistance, int... I>
+inline VecF exchange(VecF v, std::integer_sequence<int, I...>) {
+  return __builtin_shufflevector(v, v, (I ^ kDistance)...);
+}
+
+// Reductions across lanes in log2(kWidth) steps; every lane ends with the result.
+template <class Combine>
+inline float reduce_lanes(VecF v, Combine combine) {
+  const auto lanes = std::make_integer_sequence<int, kWidth>{};
+  if constexpr (kWidth >= 16) v = combine(v, exchange<8>(v, lanes));
+  if constexpr (kWidth >= 8) v = combine(v, exchange<4>(v, lanes));
+  v = combine(v, exchange<2>(v, lanes));
+  v = combine(v, exchange<1>(v, lanes));
+  return v[0];
+}
+
 inline float horizontal_sum(VecF v) {
-  float total = 0.0f;
-  for (int k = 0; k < kWidth; ++k) total += v[k];
-  return total;
+  return reduce_lanes(v, [](VecF a, VecF b) { return a + b; });
 }
 
 inline float horizontal_max(VecF v) {
-  float best = v[0];
-  for (int k = 1; k < kWidth; ++k) best = v[k] > best ? v[k] : best;
-  return best;
+  return reduce_lanes(v, [](VecF a, VecF b) { return a > b ? a : b; });
 }
 
 // exp(x) to about 1 ulp (Cephes' expf polynomial on x - n ln2, scaled by 2^n). Below
