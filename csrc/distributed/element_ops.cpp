@@ -4,44 +4,80 @@
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
+#include <type_traits>
 
 namespace nrt::dist {
 namespace {
 
+// The loops below are written so that -O3 vectorises them: the op is a template argument
+// (no switch inside the loop), selects instead of branches, and __restrict pointers for
+// each aliasing case the collectives use (dst is a, b, or neither).
+template <class T, class F>
+void apply(T* dst, const T* a, const T* b, size_t count, F f) {
+  if (dst == a) {
+    T* __restrict d = dst;
+    const T* __restrict s = b;
+    for (size_t i = 0; i < count; ++i) d[i] = f(d[i], s[i]);
+  } else if (dst == b) {
+    T* __restrict d = dst;
+    const T* __restrict s = a;
+    for (size_t i = 0; i < count; ++i) d[i] = f(s[i], d[i]);
+  } else {
+    T* __restrict d = dst;
+    const T* __restrict x = a;
+    const T* __restrict y = b;
+    for (size_t i = 0; i < count; ++i) d[i] = f(x[i], y[i]);
+  }
+}
+
+// Integers wrap, as torch's do: the arithmetic is done unsigned (defined overflow).
 template <class T>
-T combine(T a, T b, ReduceOp op) {
+void combine_integer(T* dst, const T* a, const T* b, size_t count, ReduceOp op) {
+  using U = std::make_unsigned_t<T>;
   switch (op) {
     case ReduceOp::kSum:
-      return static_cast<T>(a + b);
+      return apply(dst, a, b, count,
+                   [](T x, T y) { return static_cast<T>(static_cast<U>(x) + static_cast<U>(y)); });
     case ReduceOp::kProduct:
-      return static_cast<T>(a * b);
+      return apply(dst, a, b, count, [](T x, T y) {
+        return static_cast<T>(static_cast<U>(static_cast<U>(x) * static_cast<U>(y)));
+      });
     case ReduceOp::kMax:
-      return std::max(a, b);
+      return apply(dst, a, b, count, [](T x, T y) { return x < y ? y : x; });
     case ReduceOp::kMin:
-      return std::min(a, b);
+      return apply(dst, a, b, count, [](T x, T y) { return y < x ? y : x; });
   }
   throw std::invalid_argument("unknown reduce op");
 }
 
+// NaN wins max/min (the first operand's NaN if both are), as torch.maximum does.
 template <class T>
-void reduce_typed(void* dst, const void* src, size_t count, ReduceOp op) {
-  auto* d = static_cast<T*>(dst);
-  const auto* s = static_cast<const T*>(src);
-  for (size_t i = 0; i < count; ++i) d[i] = combine(d[i], s[i], op);
+T max_nan(T x, T y) {
+  T r = x < y ? y : x;
+  r = y != y ? y : r;
+  return x != x ? x : r;
 }
 
-// NaN wins max/min, as torch.maximum does.
-template <>
-void reduce_typed<float>(void* dst, const void* src, size_t count, ReduceOp op) {
-  auto* d = static_cast<float*>(dst);
-  const auto* s = static_cast<const float*>(src);
-  for (size_t i = 0; i < count; ++i) {
-    if ((op == ReduceOp::kMax || op == ReduceOp::kMin) && (std::isnan(d[i]) || std::isnan(s[i]))) {
-      d[i] = std::isnan(d[i]) ? d[i] : s[i];
-    } else {
-      d[i] = combine(d[i], s[i], op);
-    }
+template <class T>
+T min_nan(T x, T y) {
+  T r = y < x ? y : x;
+  r = y != y ? y : r;
+  return x != x ? x : r;
+}
+
+template <class T>
+void combine_float(T* dst, const T* a, const T* b, size_t count, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return apply(dst, a, b, count, [](T x, T y) { return x + y; });
+    case ReduceOp::kProduct:
+      return apply(dst, a, b, count, [](T x, T y) { return x * y; });
+    case ReduceOp::kMax:
+      return apply(dst, a, b, count, [](T x, T y) { return max_nan(x, y); });
+    case ReduceOp::kMin:
+      return apply(dst, a, b, count, [](T x, T y) { return min_nan(x, y); });
   }
+  throw std::invalid_argument("unknown reduce op");
 }
 
 float bf16_to_float(uint16_t v) {
@@ -54,9 +90,9 @@ float bf16_to_float(uint16_t v) {
 uint16_t float_to_bf16(float f) {
   uint32_t bits;
   std::memcpy(&bits, &f, sizeof bits);
-  if (std::isnan(f)) return static_cast<uint16_t>((bits >> 16) | 0x40);
-  bits += 0x7FFF + ((bits >> 16) & 1);  // round to nearest even
-  return static_cast<uint16_t>(bits >> 16);
+  const uint32_t rounded = bits + 0x7FFF + ((bits >> 16) & 1);  // round to nearest even
+  const uint32_t quiet_nan = bits | 0x400000;                   // NaN stays NaN
+  return static_cast<uint16_t>((f != f ? quiet_nan : rounded) >> 16);
 }
 
 float f16_to_float(uint16_t h) {
@@ -110,19 +146,34 @@ uint16_t float_to_f16(float f) {
 }
 
 template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
-void reduce_half(void* dst, const void* src, size_t count, ReduceOp op) {
-  auto* d = static_cast<uint16_t*>(dst);
-  const auto* s = static_cast<const uint16_t*>(src);
-  for (size_t i = 0; i < count; ++i) {
-    float a = ToFloat(d[i]);
-    const float b = ToFloat(s[i]);
-    reduce_typed<float>(&a, &b, 1, op);
-    d[i] = FromFloat(a);
+void combine_half(uint16_t* dst, const uint16_t* a, const uint16_t* b, size_t count, ReduceOp op) {
+  auto in_float = [](auto f) {
+    return [f](uint16_t x, uint16_t y) { return FromFloat(f(ToFloat(x), ToFloat(y))); };
+  };
+  switch (op) {
+    case ReduceOp::kSum:
+      return apply(dst, a, b, count, in_float([](float x, float y) { return x + y; }));
+    case ReduceOp::kProduct:
+      return apply(dst, a, b, count, in_float([](float x, float y) { return x * y; }));
+    case ReduceOp::kMax:
+      return apply(dst, a, b, count, in_float([](float x, float y) { return max_nan(x, y); }));
+    case ReduceOp::kMin:
+      return apply(dst, a, b, count, in_float([](float x, float y) { return min_nan(x, y); }));
   }
+  throw std::invalid_argument("unknown reduce op");
+}
+
+// SUM/MAX are logical or, PRODUCT/MIN logical and, as in torch.distributed.
+void combine_bool(uint8_t* dst, const uint8_t* a, const uint8_t* b, size_t count, ReduceOp op) {
+  if (op == ReduceOp::kSum || op == ReduceOp::kMax) {
+    return apply(dst, a, b, count,
+                 [](uint8_t x, uint8_t y) { return static_cast<uint8_t>((x != 0) | (y != 0)); });
+  }
+  apply(dst, a, b, count,
+        [](uint8_t x, uint8_t y) { return static_cast<uint8_t>((x != 0) & (y != 0)); });
 }
 
 }  // namespace
-
 size_t element_size(ElementType type) {
   switch (type) {
     case ElementType::kFloat64:
@@ -153,33 +204,37 @@ const char* reduce_op_name(ReduceOp op) {
   return names[static_cast<size_t>(op)];
 }
 
-void reduce_into(void* dst, const void* src, size_t count, ElementType type, ReduceOp op) {
+void combine(void* dst, const void* a, const void* b, size_t count, ElementType type, ReduceOp op) {
   switch (type) {
     case ElementType::kFloat32:
-      return reduce_typed<float>(dst, src, count, op);
+      return combine_float(static_cast<float*>(dst), static_cast<const float*>(a),
+                           static_cast<const float*>(b), count, op);
     case ElementType::kFloat64:
-      return reduce_typed<double>(dst, src, count, op);
+      return combine_float(static_cast<double*>(dst), static_cast<const double*>(a),
+                           static_cast<const double*>(b), count, op);
     case ElementType::kBFloat16:
-      return reduce_half<bf16_to_float, float_to_bf16>(dst, src, count, op);
+      return combine_half<bf16_to_float, float_to_bf16>(static_cast<uint16_t*>(dst),
+                                                        static_cast<const uint16_t*>(a),
+                                                        static_cast<const uint16_t*>(b), count, op);
     case ElementType::kFloat16:
-      return reduce_half<f16_to_float, float_to_f16>(dst, src, count, op);
+      return combine_half<f16_to_float, float_to_f16>(static_cast<uint16_t*>(dst),
+                                                      static_cast<const uint16_t*>(a),
+                                                      static_cast<const uint16_t*>(b), count, op);
     case ElementType::kInt8:
-      return reduce_typed<int8_t>(dst, src, count, op);
+      return combine_integer(static_cast<int8_t*>(dst), static_cast<const int8_t*>(a),
+                             static_cast<const int8_t*>(b), count, op);
     case ElementType::kUInt8:
-      return reduce_typed<uint8_t>(dst, src, count, op);
+      return combine_integer(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(a),
+                             static_cast<const uint8_t*>(b), count, op);
     case ElementType::kInt32:
-      return reduce_typed<int32_t>(dst, src, count, op);
+      return combine_integer(static_cast<int32_t*>(dst), static_cast<const int32_t*>(a),
+                             static_cast<const int32_t*>(b), count, op);
     case ElementType::kInt64:
-      return reduce_typed<int64_t>(dst, src, count, op);
+      return combine_integer(static_cast<int64_t*>(dst), static_cast<const int64_t*>(a),
+                             static_cast<const int64_t*>(b), count, op);
     case ElementType::kBool:
-      // SUM/MAX are logical or, PRODUCT/MIN logical and, as in torch.distributed.
-      {
-        auto* d = static_cast<uint8_t*>(dst);
-        const auto* s = static_cast<const uint8_t*>(src);
-        const bool any = op == ReduceOp::kSum || op == ReduceOp::kMax;
-        for (size_t i = 0; i < count; ++i) d[i] = any ? (d[i] || s[i]) : (d[i] && s[i]);
-        return;
-      }
+      return combine_bool(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(a),
+                          static_cast<const uint8_t*>(b), count, op);
   }
   throw std::invalid_argument("unknown element type");
 }
