@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cpu_features.h"
+
 namespace nrt::dist {
 
 enum class ElementType : uint8_t {
@@ -29,6 +31,12 @@ const char* reduce_op_name(ReduceOp op);
 // even) after each combination, as Gloo's pairwise reduction. Integers wrap on overflow, and
 // NaN wins max/min, as in torch.
 void combine(void* dst, const void* a, const void* b, size_t count, ElementType type, ReduceOp op);
+
+// combine() with the kernels of one instruction set, which the host must have (tests run
+// every level; combine() uses neuron::kernels::isa_level(), TORCHNEURON_KERNEL_ISA caps it).
+// Every level gives the same bits.
+void combine_with(neuron::kernels::IsaLevel level, void* dst, const void* a, const void* b,
+                  size_t count, ElementType type, ReduceOp op);
 
 // dst[i] = dst[i] (op) src[i].
 inline void reduce_into(void* dst, const void* src, size_t count, ElementType type, ReduceOp op) {
