@@ -1,13 +1,23 @@
 #include "shm_group.h"
 
+#include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
+#if defined(__linux__)
+#include <linux/futex.h>
+#endif
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <climits>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <stdexcept>
 #include <string>
@@ -33,10 +43,60 @@ struct Description {
 
 struct alignas(64) RankState {
   std::atomic<uint64_t> arrived;
+  std::atomic<uint32_t> wake;      // low bits of `arrived`: the futex word waiters sleep on
+  std::atomic<uint32_t> sleepers;  // ranks asleep on `wake` (the arriver wakes them if any)
   std::atomic<int32_t> pid;
   Description description;
   std::atomic<uint64_t> pid_namespace;  // 0: unknown
 };
+
+static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) &&
+                  std::atomic<uint32_t>::is_always_lock_free &&
+                  std::atomic<uint64_t>::is_always_lock_free,
+              "the futex word and the counters must be plain lock-free words in shared memory");
+
+void cpu_relax() {
+#if defined(__x86_64__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// A process-shared futex (no FUTEX_PRIVATE_FLAG): the ranks map the word at different
+// addresses. Elsewhere than Linux, a short sleep stands in.
+void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout) {
+#if defined(__linux__)
+  timespec ts{};
+  ts.tv_sec = static_cast<time_t>(timeout.count() / 1000000000);
+  ts.tv_nsec = static_cast<long>(timeout.count() % 1000000000);
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+#else
+  (void)word;
+  (void)expected;
+  std::this_thread::sleep_for(
+      std::min<std::chrono::nanoseconds>(timeout, std::chrono::microseconds(50)));
+#endif
+}
+
+void futex_wake_all(std::atomic<uint32_t>* word) {
+#if defined(__linux__)
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
+#else
+  (void)word;
+#endif
+}
+
+// CPUs this process may run on.
+int usable_cpus() {
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+#endif
+  const long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 1;
+}
 
 const char* const kCollectiveNames[] = {"barrier",        "all_reduce", "all_gather",
                                         "reduce_scatter", "broadcast",  "all_to_all"};
@@ -104,6 +164,8 @@ ShmGroup::ShmGroup(const GroupOptions& options)
     h->size = static_cast<uint64_t>(size_);
     for (auto& r : h->ranks) {
       r.arrived.store(0, std::memory_order_relaxed);
+      r.wake.store(0, std::memory_order_relaxed);
+      r.sleepers.store(0, std::memory_order_relaxed);
       r.pid.store(0, std::memory_order_relaxed);
       r.pid_namespace.store(0, std::memory_order_relaxed);
     }
@@ -134,6 +196,7 @@ ShmGroup::ShmGroup(const GroupOptions& options)
   }
   // Everyone is attached: drop the name, so nothing is left behind when processes exit.
   segment_.unlink();
+  spin_budget_ = size_ > usable_cpus() ? std::chrono::microseconds(0) : kSpinBudget;
   for (int r = 0; r < size_; ++r) {
     peer_visible_[r] = pid_namespace != 0 && header()->ranks[r].pid_namespace.load(
                                                  std::memory_order_relaxed) == pid_namespace;
@@ -149,28 +212,47 @@ char* ShmGroup::slot(int r) const {
          slot_bytes_ * static_cast<size_t>(r);
 }
 
+// Waiting for a peer: spin while it is probably running on another core and about to
+// arrive (a round of data takes tens of microseconds), then yield, then sleep on its futex
+// word until it arrives, waking every kLivenessPeriod to check it is alive and the deadline.
+// With more ranks than usable CPUs a peer that has not arrived is probably waiting for this
+// rank's CPU, so the spin is skipped.
 void ShmGroup::arrive_and_wait(const char* what) {
   const uint64_t target = ++sequence_;
   Header* h = header();
-  h->ranks[rank_].arrived.store(target, std::memory_order_release);
+  RankState& me = h->ranks[rank_];
+  me.arrived.store(target, std::memory_order_release);
+  me.wake.store(static_cast<uint32_t>(target), std::memory_order_seq_cst);
+  if (me.sleepers.load(std::memory_order_seq_cst) != 0) futex_wake_all(&me.wake);
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + timeout();
   auto next_check = start + kLivenessPeriod;
   for (int r = 0; r < size_; ++r) {
-    unsigned spins = 0;
-    while (h->ranks[r].arrived.load(std::memory_order_acquire) < target) {
-      if (++spins < 2000) continue;
-      if (spins < 4000) {
-        std::this_thread::yield();
-        continue;
-      }
+    RankState& peer = h->ranks[r];
+    if (peer.arrived.load(std::memory_order_acquire) >= target) continue;
+    while (std::chrono::steady_clock::now() - start < spin_budget_) {
+      for (int i = 0; i < 64; ++i) cpu_relax();
+      if (peer.arrived.load(std::memory_order_acquire) >= target) break;
+    }
+    while (std::chrono::steady_clock::now() - start < spin_budget_ + kYieldBudget &&
+           peer.arrived.load(std::memory_order_acquire) < target) {
+      std::this_thread::yield();
+    }
+    while (peer.arrived.load(std::memory_order_acquire) < target) {
       const auto now = std::chrono::steady_clock::now();
       if (now >= next_check) {
         check_liveness(what, target, start);
         next_check = now + kLivenessPeriod;
       }
       if (now >= deadline) fail_timeout(what, target);
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      // Registered before the last look at `arrived`: an arrival after it changes `wake`
+      // (the futex then returns at once) or sees this sleeper and wakes it.
+      peer.sleepers.fetch_add(1, std::memory_order_seq_cst);
+      const uint32_t seen = peer.wake.load(std::memory_order_seq_cst);
+      if (peer.arrived.load(std::memory_order_seq_cst) < target) {
+        futex_wait(&peer.wake, seen, std::min(next_check, deadline) - now);
+      }
+      peer.sleepers.fetch_sub(1, std::memory_order_seq_cst);
     }
   }
 }

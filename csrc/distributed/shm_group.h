@@ -121,7 +121,11 @@ class ShmGroup {
   std::chrono::milliseconds timeout_;
   std::chrono::milliseconds call_timeout_{-1};
   uint64_t sequence_ = 0;
-  bool peer_visible_[kMaxRanks] = {};  // barriers passed by this rank
+  bool peer_visible_[kMaxRanks] = {};
+  // How long a waiting rank spins before it yields, then sleeps (see arrive_and_wait).
+  static constexpr std::chrono::microseconds kSpinBudget{100};
+  static constexpr std::chrono::microseconds kYieldBudget{400};
+  std::chrono::microseconds spin_budget_ = kSpinBudget;  // barriers passed by this rank
   SharedSegment segment_;
 };
 

@@ -1,11 +1,15 @@
 // Shared-memory collectives between forked processes: results against closed forms,
 // chunking, 16-bit floats, a dead rank and mismatched calls.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <numeric>
 #include <stdexcept>
@@ -372,4 +376,40 @@ TEST(ShmGroup, DoubleBufferedRoundsNeverMixData) {
     return 0;
   });
   EXPECT_EQ(codes, std::vector<int>(size, 0));
+}
+
+// A rank that waits long sleeps (its CPU goes to others) and is woken as soon as the late
+// rank arrives, not at its next poll.
+TEST(ShmGroup, AWaitingRankSleepsAndWakesPromptly) {
+  const std::string name = unique_name("sleep");
+  auto* arrival = static_cast<std::atomic<int64_t>*>(
+      mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(arrival, MAP_FAILED);
+  auto now_ns = [] {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  };
+  const auto codes = run_ranks(2, [&](int rank) {
+    ShmGroup group(options(name, rank, 2));
+    group.barrier();
+    if (rank == 1) {
+      usleep(400 * 1000);
+      arrival->store(now_ns());
+      group.barrier();
+      return 0;
+    }
+    timespec cpu0{}, cpu1{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu0);
+    group.barrier();
+    const int64_t woken_after = now_ns() - arrival->load();
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu1);
+    const double cpu_ms = (cpu1.tv_sec - cpu0.tv_sec) * 1e3 + (cpu1.tv_nsec - cpu0.tv_nsec) / 1e6;
+    fprintf(stderr, "waiting rank: %.1f ms of CPU in 400 ms, woken %.2f ms after the arrival\n",
+            cpu_ms, woken_after / 1e6);
+    if (cpu_ms > 15) return 1;  // spins and yields under 1 ms, then sleeps (polling: ~50)
+    return woken_after < 50000000 ? 0 : 2;  // 50 ms: generous for a loaded 2-core host
+  });
+  munmap(arrival, 4096);
+  EXPECT_EQ(codes, std::vector<int>({0, 0}));
 }
