@@ -12,4 +12,8 @@ namespace nrt::dist {
 // Ends with a store fence, so a following release store orders after the copied bytes.
 void copy_streaming(void* dst, const void* src, size_t bytes);
 
+// Copies src to `cached` with ordinary stores and to `out` as copy_streaming (or memcpy when
+// `stream` is false), reading src once: a rank's staging buffer and its own output part.
+void copy_twice(void* cached, void* out, const void* src, size_t bytes, bool stream);
+
 }  // namespace nrt::dist

@@ -417,28 +417,36 @@ void ShmGroup::all_reduce(void* data, size_t count, ElementType type, ReduceOp o
     }
     return;
   }
-  // Larger: rank r reduces share r of each round into its own buffer (so each element is
-  // reduced once, by one rank, in rank order), then every rank copies all shares out.
+  // Larger: rank r reduces share r of each round (so each element is reduced once, by one
+  // rank, in rank order) from its own input and the peers' buffers, so it stages only the
+  // shares its peers reduce; it puts the result in its buffer for them, and copies theirs.
   const size_t per_round = buffer_bytes() / esize;
   const size_t unit = std::max<size_t>(1, 64 / esize);  // shares start on cache lines
   uint64_t round = 0;
   for (size_t offset = 0; offset < count; offset += per_round, ++round) {
     const size_t n = std::min(per_round, count - offset);
     const size_t share = (n + unit * size_ - 1) / (unit * size_) * unit;
-    std::memcpy(buffer(rank_, round), bytes + offset * esize, n * esize);
-    arrive_and_wait("all_reduce");
     const size_t lo = std::min(n, share * rank_);
     const size_t hi = std::min(n, lo + share);
-    if (hi > lo && size_ > 1) {
-      for (int s = 0; s < size_; ++s) sources[s] = buffer(s, round) + lo * esize;
-      reduce_sources(buffer(rank_, round) + lo * esize, sources.data(), hi - lo, type, op, false);
+    char* mine = buffer(rank_, round);
+    char* in = bytes + offset * esize;
+    std::memcpy(mine, in, lo * esize);
+    std::memcpy(mine + hi * esize, in + hi * esize, (n - hi) * esize);
+    arrive_and_wait("all_reduce");
+    if (hi > lo) {
+      for (int s = 0; s < size_; ++s) {
+        sources[s] = (s == rank_ ? in : buffer(s, round)) + lo * esize;
+      }
+      reduce_sources(mine + lo * esize, sources.data(), hi - lo, type, op, false);
+      copy_out(in + lo * esize, mine + lo * esize, (hi - lo) * esize, stream);
     }
     arrive_and_wait("all_reduce");
     for (int s = 0; s < size_; ++s) {
       const size_t from = std::min(n, share * s);
       const size_t to = std::min(n, from + share);
-      copy_out(bytes + (offset + from) * esize, buffer(s, round) + from * esize,
-               (to - from) * esize, stream);
+      if (s != rank_ && to > from) {
+        copy_out(in + from * esize, buffer(s, round) + from * esize, (to - from) * esize, stream);
+      }
     }
   }
 }
@@ -453,10 +461,12 @@ void ShmGroup::all_gather(const void* in, void* out, size_t bytes, const char* p
   uint64_t round = 0;
   for (size_t offset = 0; offset < bytes; offset += per_round, ++round) {
     const size_t n = std::min(per_round, bytes - offset);
-    std::memcpy(buffer(rank_, round), src + offset, n);
+    // Into the buffer for the peers and into this rank's own part, reading `in` once.
+    copy_twice(buffer(rank_, round), dst + bytes * rank_ + offset, src + offset, n, stream);
     arrive_and_wait("all_gather");
-    // This rank's own part too comes from its buffer: in cache, unlike `in`.
-    for (int r = 0; r < size_; ++r) copy_out(dst + bytes * r + offset, buffer(r, round), n, stream);
+    for (int r = 0; r < size_; ++r) {
+      if (r != rank_) copy_out(dst + bytes * r + offset, buffer(r, round), n, stream);
+    }
   }
 }
 
