@@ -212,9 +212,10 @@ char* ShmGroup::slot(int r) const {
          slot_bytes_ * static_cast<size_t>(r);
 }
 
-// Waiting for a peer: spin while it is probably running on another core and about to
-// arrive (a round of data takes tens of microseconds), then yield, then sleep on its futex
-// word until it arrives, waking every kLivenessPeriod to check it is alive and the deadline.
+// Waiting for a peer: spin briefly, then yield (the peer, or whatever else needs the CPU,
+// runs; on an idle core yield returns at once, so this still polls every microsecond or so),
+// then sleep on its futex word until it arrives, waking every kLivenessPeriod to check it is
+// alive and the deadline.
 // With more ranks than usable CPUs a peer that has not arrived is probably waiting for this
 // rank's CPU, so the spin is skipped.
 void ShmGroup::arrive_and_wait(const char* what) {

@@ -123,7 +123,9 @@ class ShmGroup {
   uint64_t sequence_ = 0;
   bool peer_visible_[kMaxRanks] = {};
   // How long a waiting rank spins before it yields, then sleeps (see arrive_and_wait).
-  static constexpr std::chrono::microseconds kSpinBudget{100};
+  // Short: in a virtual machine a longer PAUSE loop makes the hypervisor deschedule the
+  // vCPU (pause-loop exiting); a 100 us spin cost ~200 us per barrier on this KVM host.
+  static constexpr std::chrono::microseconds kSpinBudget{5};
   static constexpr std::chrono::microseconds kYieldBudget{400};
   std::chrono::microseconds spin_budget_ = kSpinBudget;  // barriers passed by this rank
   SharedSegment segment_;
