@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cpu_features.h"
+
 namespace nrt::dist {
 
 enum class ElementType : uint8_t {
@@ -24,8 +26,21 @@ size_t element_size(ElementType type);
 const char* element_type_name(ElementType type);
 const char* reduce_op_name(ReduceOp op);
 
-// dst[i] = dst[i] (op) src[i] for `count` elements. 16-bit floats are combined in float32
-// and rounded back (to nearest even) after each combination, as Gloo's pairwise reduction.
-void reduce_into(void* dst, const void* src, size_t count, ElementType type, ReduceOp op);
+// dst[i] = a[i] (op) b[i] for `count` elements; dst may be a or b (each element is read
+// before it is written). 16-bit floats are combined in float32 and rounded back (to nearest
+// even) after each combination, as Gloo's pairwise reduction. Integers wrap on overflow, and
+// NaN wins max/min, as in torch.
+void combine(void* dst, const void* a, const void* b, size_t count, ElementType type, ReduceOp op);
+
+// combine() with the kernels of one instruction set, which the host must have (tests run
+// every level; combine() uses neuron::kernels::isa_level(), TORCHNEURON_KERNEL_ISA caps it).
+// Every level gives the same bits.
+void combine_with(neuron::kernels::IsaLevel level, void* dst, const void* a, const void* b,
+                  size_t count, ElementType type, ReduceOp op);
+
+// dst[i] = dst[i] (op) src[i].
+inline void reduce_into(void* dst, const void* src, size_t count, ElementType type, ReduceOp op) {
+  combine(dst, dst, src, count, type, op);
+}
 
 }  // namespace nrt::dist

@@ -1,18 +1,30 @@
 #include "shm_group.h"
 
+#include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
+#if defined(__linux__)
+#include <linux/futex.h>
+#endif
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <climits>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "bulk_copy.h"
 
 namespace nrt::dist {
 namespace {
@@ -31,10 +43,60 @@ struct Description {
 
 struct alignas(64) RankState {
   std::atomic<uint64_t> arrived;
+  std::atomic<uint32_t> wake;      // low bits of `arrived`: the futex word waiters sleep on
+  std::atomic<uint32_t> sleepers;  // ranks asleep on `wake` (the arriver wakes them if any)
   std::atomic<int32_t> pid;
   Description description;
   std::atomic<uint64_t> pid_namespace;  // 0: unknown
 };
+
+static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) &&
+                  std::atomic<uint32_t>::is_always_lock_free &&
+                  std::atomic<uint64_t>::is_always_lock_free,
+              "the futex word and the counters must be plain lock-free words in shared memory");
+
+void cpu_relax() {
+#if defined(__x86_64__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// A process-shared futex (no FUTEX_PRIVATE_FLAG): the ranks map the word at different
+// addresses. Elsewhere than Linux, a short sleep stands in.
+void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, std::chrono::nanoseconds timeout) {
+#if defined(__linux__)
+  timespec ts{};
+  ts.tv_sec = static_cast<time_t>(timeout.count() / 1000000000);
+  ts.tv_nsec = static_cast<long>(timeout.count() % 1000000000);
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+#else
+  (void)word;
+  (void)expected;
+  std::this_thread::sleep_for(
+      std::min<std::chrono::nanoseconds>(timeout, std::chrono::microseconds(50)));
+#endif
+}
+
+void futex_wake_all(std::atomic<uint32_t>* word) {
+#if defined(__linux__)
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
+#else
+  (void)word;
+#endif
+}
+
+// CPUs this process may run on.
+int usable_cpus() {
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+#endif
+  const long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 1;
+}
 
 const char* const kCollectiveNames[] = {"barrier",        "all_reduce", "all_gather",
                                         "reduce_scatter", "broadcast",  "all_to_all"};
@@ -78,6 +140,7 @@ ShmGroup::ShmGroup(const GroupOptions& options)
     : rank_(options.rank),
       size_(options.size),
       slot_bytes_(options.slot_bytes),
+      streaming_bytes_(options.streaming_bytes),
       timeout_(options.timeout) {
   if (size_ < 1 || size_ > kMaxRanks) {
     throw std::invalid_argument("shared-memory group size must be 1.." + std::to_string(kMaxRanks) +
@@ -87,9 +150,11 @@ ShmGroup::ShmGroup(const GroupOptions& options)
     throw std::invalid_argument("rank " + std::to_string(rank_) + " is outside a group of " +
                                 std::to_string(size_));
   }
-  if (slot_bytes_ < 8 * kMaxRanks || slot_bytes_ % 64 != 0) {
+  // Two buffers, each with at least 8 bytes (one element) per rank.
+  const size_t min_slot = std::max<size_t>(8 * kMaxRanks, 16 * static_cast<size_t>(size_));
+  if (slot_bytes_ < min_slot || slot_bytes_ % 64 != 0) {
     throw std::invalid_argument("slot_bytes must be a multiple of 64, at least " +
-                                std::to_string(8 * kMaxRanks));
+                                std::to_string(min_slot) + ", got " + std::to_string(slot_bytes_));
   }
   const size_t total = header_bytes() + slot_bytes_ * static_cast<size_t>(size_);
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
@@ -99,6 +164,8 @@ ShmGroup::ShmGroup(const GroupOptions& options)
     h->size = static_cast<uint64_t>(size_);
     for (auto& r : h->ranks) {
       r.arrived.store(0, std::memory_order_relaxed);
+      r.wake.store(0, std::memory_order_relaxed);
+      r.sleepers.store(0, std::memory_order_relaxed);
       r.pid.store(0, std::memory_order_relaxed);
       r.pid_namespace.store(0, std::memory_order_relaxed);
     }
@@ -129,6 +196,7 @@ ShmGroup::ShmGroup(const GroupOptions& options)
   }
   // Everyone is attached: drop the name, so nothing is left behind when processes exit.
   segment_.unlink();
+  spin_budget_ = size_ > usable_cpus() ? std::chrono::microseconds(0) : kSpinBudget;
   for (int r = 0; r < size_; ++r) {
     peer_visible_[r] = pid_namespace != 0 && header()->ranks[r].pid_namespace.load(
                                                  std::memory_order_relaxed) == pid_namespace;
@@ -144,28 +212,48 @@ char* ShmGroup::slot(int r) const {
          slot_bytes_ * static_cast<size_t>(r);
 }
 
+// Waiting for a peer: spin briefly, then yield (the peer, or whatever else needs the CPU,
+// runs; on an idle core yield returns at once, so this still polls every microsecond or so),
+// then sleep on its futex word until it arrives, waking every kLivenessPeriod to check it is
+// alive and the deadline.
+// With more ranks than usable CPUs a peer that has not arrived is probably waiting for this
+// rank's CPU, so the spin is skipped.
 void ShmGroup::arrive_and_wait(const char* what) {
   const uint64_t target = ++sequence_;
   Header* h = header();
-  h->ranks[rank_].arrived.store(target, std::memory_order_release);
+  RankState& me = h->ranks[rank_];
+  me.arrived.store(target, std::memory_order_release);
+  me.wake.store(static_cast<uint32_t>(target), std::memory_order_seq_cst);
+  if (me.sleepers.load(std::memory_order_seq_cst) != 0) futex_wake_all(&me.wake);
   const auto start = std::chrono::steady_clock::now();
   const auto deadline = start + timeout();
   auto next_check = start + kLivenessPeriod;
   for (int r = 0; r < size_; ++r) {
-    unsigned spins = 0;
-    while (h->ranks[r].arrived.load(std::memory_order_acquire) < target) {
-      if (++spins < 2000) continue;
-      if (spins < 4000) {
-        std::this_thread::yield();
-        continue;
-      }
+    RankState& peer = h->ranks[r];
+    if (peer.arrived.load(std::memory_order_acquire) >= target) continue;
+    while (std::chrono::steady_clock::now() - start < spin_budget_) {
+      for (int i = 0; i < 64; ++i) cpu_relax();
+      if (peer.arrived.load(std::memory_order_acquire) >= target) break;
+    }
+    while (std::chrono::steady_clock::now() - start < spin_budget_ + kYieldBudget &&
+           peer.arrived.load(std::memory_order_acquire) < target) {
+      std::this_thread::yield();
+    }
+    while (peer.arrived.load(std::memory_order_acquire) < target) {
       const auto now = std::chrono::steady_clock::now();
       if (now >= next_check) {
         check_liveness(what, target, start);
         next_check = now + kLivenessPeriod;
       }
       if (now >= deadline) fail_timeout(what, target);
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      // Registered before the last look at `arrived`: an arrival after it changes `wake`
+      // (the futex then returns at once) or sees this sleeper and wakes it.
+      peer.sleepers.fetch_add(1, std::memory_order_seq_cst);
+      const uint32_t seen = peer.wake.load(std::memory_order_seq_cst);
+      if (peer.arrived.load(std::memory_order_seq_cst) < target) {
+        futex_wait(&peer.wake, seen, std::min(next_check, deadline) - now);
+      }
+      peer.sleepers.fetch_sub(1, std::memory_order_seq_cst);
     }
   }
 }
@@ -271,60 +359,152 @@ void ShmGroup::barrier() {
   arrive_and_wait("barrier");
 }
 
+size_t ShmGroup::buffer_bytes() const { return slot_bytes_ / 2 / 64 * 64; }
+
+char* ShmGroup::buffer(int r, uint64_t round) const {
+  return slot(r) + (round & 1) * buffer_bytes();
+}
+
+void ShmGroup::copy_out(void* dst, const void* src, size_t bytes, bool stream) {
+  if (stream) {
+    copy_streaming(dst, src, bytes);
+  } else {
+    std::memcpy(dst, src, bytes);
+  }
+}
+
+void ShmGroup::reduce_sources(char* dst, const char* const* sources, size_t count, ElementType type,
+                              ReduceOp op, bool stream) {
+  const bool aliased = std::find(sources + 2, sources + size_, dst) != sources + size_;
+  if (!stream && !aliased) {
+    combine(dst, sources[0], sources[1], count, type, op);
+    for (int s = 2; s < size_; ++s) reduce_into(dst, sources[s], count, type, op);
+    return;
+  }
+  // Through a tile in L1: dst may be a source other than the first two (it must not be
+  // overwritten before it is read), and a streamed output is written once, whole lines.
+  const size_t esize = element_size(type);
+  alignas(64) char tile[kReduceTileBytes];
+  const size_t per_tile = kReduceTileBytes / esize;
+  for (size_t done = 0; done < count; done += per_tile) {
+    const size_t n = std::min(per_tile, count - done);
+    const size_t at = done * esize;
+    combine(tile, sources[0] + at, sources[1] + at, n, type, op);
+    for (int s = 2; s < size_; ++s) reduce_into(tile, sources[s] + at, n, type, op);
+    copy_out(dst + at, tile, n * esize, stream);
+  }
+}
+
+// Every collective moves data in rounds through double-buffered staging: in round k a rank
+// writes its buffer k&1, arrives, and reads its peers' buffers k&1. It writes that buffer
+// again in round k+2, after the barrier of round k+1, which no rank passes before every rank
+// has finished reading round k: so one barrier per round suffices (two for all_reduce, whose
+// rounds also exchange the reduced shares). Rounds restart at buffer 0 in each collective:
+// the barrier of begin() comes after every rank has finished the previous one.
 void ShmGroup::all_reduce(void* data, size_t count, ElementType type, ReduceOp op, Finish finish) {
   begin(Kind::kAllReduce, count, type, reduction_extra(op, finish));
   const size_t esize = element_size(type);
-  const size_t per_chunk = slot_bytes_ / esize;
   auto* bytes = static_cast<char*>(data);
-  for (size_t offset = 0; offset < count; offset += per_chunk) {
-    const size_t n = std::min(per_chunk, count - offset);
-    std::memcpy(slot(rank_), bytes + offset * esize, n * esize);
+  const bool stream = count * esize >= streaming_bytes_;
+  std::vector<const char*> sources(size_);
+  if (count * esize <= std::min(kSmallAllReduceBytes, buffer_bytes())) {
+    // Small: one barrier; every rank reduces all buffers itself, in rank order, so all get
+    // the same bits.
+    std::memcpy(buffer(rank_, 0), bytes, count * esize);
     arrive_and_wait("all_reduce");
-    // Each rank reduces its share of the chunk into rank 0's slot (shares are disjoint).
-    const size_t share = (n + size_ - 1) / size_;
+    for (int s = 0; s < size_; ++s) sources[s] = buffer(s, 0);
+    if (size_ > 1 && count > 0) {
+      reduce_sources(bytes, sources.data(), count, type, op, false);
+    }
+    return;
+  }
+  // Larger: rank r reduces share r of each round (so each element is reduced once, by one
+  // rank, in rank order) from its own input and the peers' buffers, so it stages only the
+  // shares its peers reduce; it puts the result in its buffer for them, and copies theirs.
+  const size_t per_round = buffer_bytes() / esize;
+  const size_t unit = std::max<size_t>(1, 64 / esize);  // shares start on cache lines
+  uint64_t round = 0;
+  for (size_t offset = 0; offset < count; offset += per_round, ++round) {
+    const size_t n = std::min(per_round, count - offset);
+    const size_t share = (n + unit * size_ - 1) / (unit * size_) * unit;
     const size_t lo = std::min(n, share * rank_);
     const size_t hi = std::min(n, lo + share);
-    for (int r = 1; r < size_ && hi > lo; ++r) {
-      reduce_into(slot(0) + lo * esize, slot(r) + lo * esize, hi - lo, type, op);
+    char* mine = buffer(rank_, round);
+    char* in = bytes + offset * esize;
+    std::memcpy(mine, in, lo * esize);
+    std::memcpy(mine + hi * esize, in + hi * esize, (n - hi) * esize);
+    arrive_and_wait("all_reduce");
+    if (hi > lo) {
+      for (int s = 0; s < size_; ++s) {
+        sources[s] = (s == rank_ ? in : buffer(s, round)) + lo * esize;
+      }
+      reduce_sources(mine + lo * esize, sources.data(), hi - lo, type, op, false);
+      copy_out(in + lo * esize, mine + lo * esize, (hi - lo) * esize, stream);
     }
     arrive_and_wait("all_reduce");
-    std::memcpy(bytes + offset * esize, slot(0), n * esize);
-    arrive_and_wait("all_reduce");  // slot 0 is free for the next chunk
+    for (int s = 0; s < size_; ++s) {
+      const size_t from = std::min(n, share * s);
+      const size_t to = std::min(n, from + share);
+      if (s != rank_ && to > from) {
+        copy_out(in + from * esize, buffer(s, round) + from * esize, (to - from) * esize, stream);
+      }
+    }
   }
 }
 
 void ShmGroup::all_gather(const void* in, void* out, size_t bytes, const char* payload) {
   begin(Kind::kAllGather, bytes, ElementType::kUInt8, 0, payload);
+  if (bytes == 0) return arrive_and_wait("all_gather");  // descriptions stay until all read
   const auto* src = static_cast<const char*>(in);
   auto* dst = static_cast<char*>(out);
-  for (size_t offset = 0; offset < bytes; offset += slot_bytes_) {
-    const size_t n = std::min(slot_bytes_, bytes - offset);
-    std::memcpy(slot(rank_), src + offset, n);
+  const bool stream = bytes * size_ >= streaming_bytes_;
+  const size_t per_round = buffer_bytes();
+  uint64_t round = 0;
+  for (size_t offset = 0; offset < bytes; offset += per_round, ++round) {
+    const size_t n = std::min(per_round, bytes - offset);
+    // Into the buffer for the peers and into this rank's own part, reading `in` once.
+    copy_twice(buffer(rank_, round), dst + bytes * rank_ + offset, src + offset, n, stream);
     arrive_and_wait("all_gather");
-    for (int r = 0; r < size_; ++r) std::memcpy(dst + bytes * r + offset, slot(r), n);
-    arrive_and_wait("all_gather");
+    for (int r = 0; r < size_; ++r) {
+      if (r != rank_) copy_out(dst + bytes * r + offset, buffer(r, round), n, stream);
+    }
   }
 }
 
 void ShmGroup::reduce_scatter(const void* in, void* out, size_t count, ElementType type,
                               ReduceOp op, Finish finish) {
   begin(Kind::kReduceScatter, count, type, reduction_extra(op, finish));
+  if (count == 0) return arrive_and_wait("reduce_scatter");
   const size_t esize = element_size(type);
-  const size_t per_chunk = std::max<size_t>(1, slot_bytes_ / esize / size_);
   const auto* src = static_cast<const char*>(in);
   auto* dst = static_cast<char*>(out);
-  for (size_t offset = 0; offset < count; offset += per_chunk) {
-    const size_t n = std::min(per_chunk, count - offset);
-    for (int block = 0; block < size_; ++block) {  // my input for every rank's block
-      std::memcpy(slot(rank_) + block * n * esize, src + (block * count + offset) * esize,
-                  n * esize);
+  const bool stream = count * esize >= streaming_bytes_;
+  // Each buffer holds one region per destination; this rank's own block is read from `in`.
+  size_t region = buffer_bytes() / static_cast<size_t>(size_);
+  if (region >= 64) region = region / 64 * 64;
+  const size_t per_round = region / esize;
+  std::vector<const char*> sources(size_);
+  uint64_t round = 0;
+  for (size_t offset = 0; offset < count; offset += per_round, ++round) {
+    const size_t n = std::min(per_round, count - offset);
+    char* mine = buffer(rank_, round);
+    for (int d = 0; d < size_; ++d) {
+      if (d != rank_) {
+        std::memcpy(mine + d * region, src + (d * count + offset) * esize, n * esize);
+      }
     }
     arrive_and_wait("reduce_scatter");
-    std::memcpy(dst + offset * esize, slot(0) + rank_ * n * esize, n * esize);
-    for (int r = 1; r < size_; ++r) {
-      reduce_into(dst + offset * esize, slot(r) + rank_ * n * esize, n, type, op);
+    for (int s = 0; s < size_; ++s) {
+      sources[s] =
+          s == rank_ ? src + (rank_ * count + offset) * esize : buffer(s, round) + rank_ * region;
     }
-    arrive_and_wait("reduce_scatter");
+    if (size_ == 1) {
+      copy_out(dst + offset * esize, sources[0], n * esize, stream);
+    } else {
+      // Cached stores even for large outputs: streaming them through an L1 tile costs
+      // more CPU than the output-line reads it saves (measured ~15% slower at 64 MiB).
+      reduce_sources(dst + offset * esize, sources.data(), n, type, op, false);
+    }
   }
 }
 
@@ -334,13 +514,16 @@ void ShmGroup::broadcast(void* data, size_t bytes, int root, const char* payload
                                 " is outside a group of " + std::to_string(size_));
   }
   begin(Kind::kBroadcast, bytes, ElementType::kUInt8, static_cast<uint32_t>(root), payload);
+  if (bytes == 0) return arrive_and_wait("broadcast");
   auto* buf = static_cast<char*>(data);
-  for (size_t offset = 0; offset < bytes; offset += slot_bytes_) {
-    const size_t n = std::min(slot_bytes_, bytes - offset);
-    if (rank_ == root) std::memcpy(slot(root), buf + offset, n);
+  const bool stream = bytes >= streaming_bytes_;
+  const size_t per_round = buffer_bytes();
+  uint64_t round = 0;
+  for (size_t offset = 0; offset < bytes; offset += per_round, ++round) {
+    const size_t n = std::min(per_round, bytes - offset);
+    if (rank_ == root) std::memcpy(buffer(root, round), buf + offset, n);
     arrive_and_wait("broadcast");
-    if (rank_ != root) std::memcpy(buf + offset, slot(root), n);
-    arrive_and_wait("broadcast");
+    if (rank_ != root) copy_out(buf + offset, buffer(root, round), n, stream);
   }
 }
 
@@ -372,7 +555,9 @@ void ShmGroup::all_to_all(const void* in, const size_t* send_bytes, void* out,
   uint64_t largest = 0;
   for (uint64_t b : matrix) largest = std::max(largest, b);
   begin(Kind::kAllToAll, largest, ElementType::kUInt8, 0);
-  const size_t block = slot_bytes_ / static_cast<size_t>(size_) / 64 * 64;
+  if (largest == 0) return arrive_and_wait("all_to_all");
+  size_t block = buffer_bytes() / static_cast<size_t>(size_);
+  if (block >= 64) block = block / 64 * 64;
   std::vector<size_t> send_offset(size_, 0), recv_offset(size_, 0);
   for (int r = 1; r < size_; ++r) {
     send_offset[r] = send_offset[r - 1] + send_bytes[r - 1];
@@ -380,21 +565,21 @@ void ShmGroup::all_to_all(const void* in, const size_t* send_bytes, void* out,
   }
   const auto* src = static_cast<const char*>(in);
   auto* dst = static_cast<char*>(out);
-  for (uint64_t done = 0; done < largest; done += block) {
+  uint64_t round = 0;
+  for (uint64_t done = 0; done < largest; done += block, ++round) {
     for (int d = 0; d < size_; ++d) {
       if (send_bytes[d] > done) {
-        std::memcpy(slot(rank_) + d * block, src + send_offset[d] + done,
+        std::memcpy(buffer(rank_, round) + d * block, src + send_offset[d] + done,
                     std::min<uint64_t>(block, send_bytes[d] - done));
       }
     }
     arrive_and_wait("all_to_all");
     for (int s = 0; s < size_; ++s) {
       if (recv_bytes[s] > done) {
-        std::memcpy(dst + recv_offset[s] + done, slot(s) + rank_ * block,
+        std::memcpy(dst + recv_offset[s] + done, buffer(s, round) + rank_ * block,
                     std::min<uint64_t>(block, recv_bytes[s] - done));
       }
     }
-    arrive_and_wait("all_to_all");
   }
 }
 

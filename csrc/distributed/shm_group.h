@@ -23,12 +23,18 @@ namespace nrt::dist {
 constexpr int kMaxRanks = 64;
 // How often a waiting rank checks that the ranks it waits for are still running.
 constexpr std::chrono::milliseconds kLivenessPeriod{100};
+constexpr size_t kDefaultSlotBytes = 1 << 20;
+constexpr size_t kDefaultStreamingBytes = 8 << 20;
 
 struct GroupOptions {
   std::string name;  // unique per group and host, e.g. "/torchneuron-<id>"
   int rank = 0;
   int size = 1;
-  size_t slot_bytes = 4 << 20;  // per-rank staging; larger messages go in chunks
+  // Per-rank staging, as two buffers used in turn; larger messages go in rounds of half
+  // of it. Small enough that every rank's buffers stay in cache (see the .cpp).
+  size_t slot_bytes = kDefaultSlotBytes;
+  // Outputs of at least this many bytes are written with cache-bypassing stores.
+  size_t streaming_bytes = kDefaultStreamingBytes;
   std::chrono::milliseconds timeout{300000};
 };
 
@@ -85,6 +91,15 @@ class ShmGroup {
 
   Header* header() const;
   char* slot(int r) const;
+  // Rank r's staging buffer for round `round` of a collective (two, used in turn).
+  size_t buffer_bytes() const;
+  char* buffer(int r, uint64_t round) const;
+  void copy_out(void* dst, const void* src, size_t bytes, bool stream);
+  // dst = sources[0] op sources[1] op ... (size() of them, in rank order).
+  void reduce_sources(char* dst, const char* const* sources, size_t count, ElementType type,
+                      ReduceOp op, bool stream);
+  static constexpr size_t kReduceTileBytes = 16 << 10;
+  static constexpr size_t kSmallAllReduceBytes = 64 << 10;
   // Publishes this rank's description of the collective and checks every rank's after
   // the first barrier: same kind, element type, count, op and root.
   void begin(Kind kind, uint64_t count, ElementType type, uint32_t extra, const char* payload = "");
@@ -102,10 +117,17 @@ class ShmGroup {
   int rank_;
   int size_;
   size_t slot_bytes_;
+  size_t streaming_bytes_;
   std::chrono::milliseconds timeout_;
   std::chrono::milliseconds call_timeout_{-1};
   uint64_t sequence_ = 0;
-  bool peer_visible_[kMaxRanks] = {};  // barriers passed by this rank
+  bool peer_visible_[kMaxRanks] = {};
+  // How long a waiting rank spins before it yields, then sleeps (see arrive_and_wait).
+  // Short: in a virtual machine a longer PAUSE loop makes the hypervisor deschedule the
+  // vCPU (pause-loop exiting); a 100 us spin cost ~200 us per barrier on this KVM host.
+  static constexpr std::chrono::microseconds kSpinBudget{5};
+  static constexpr std::chrono::microseconds kYieldBudget{400};
+  std::chrono::microseconds spin_budget_ = kSpinBudget;  // barriers passed by this rank
   SharedSegment segment_;
 };
 

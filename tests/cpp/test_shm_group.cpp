@@ -1,11 +1,15 @@
 // Shared-memory collectives between forked processes: results against closed forms,
 // chunking, 16-bit floats, a dead rank and mismatched calls.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <numeric>
 #include <stdexcept>
@@ -293,4 +297,119 @@ TEST(ShmGroup, UnevenAllToAll) {
     return 0;
   });
   EXPECT_EQ(codes, std::vector<int>(size, 0));
+}
+
+// Outputs written with cache-bypassing stores (every size streams when streaming_bytes is 0),
+// into buffers that start off cache-line boundaries, over several double-buffered rounds.
+TEST(ShmGroup, StreamedOutputsAcrossRoundsMatchClosedForms) {
+  for (int size : {2, 3}) {
+    for (size_t streaming : {size_t{0}, size_t{1} << 40}) {
+      const std::string name =
+          unique_name("stream") + std::to_string(size) + "-" + std::to_string(streaming == 0);
+      const auto codes = run_ranks(size, [&](int rank) {
+        GroupOptions o = options(name, rank, size, 1024);  // 512-byte buffers
+        o.streaming_bytes = streaming;
+        ShmGroup group(o);
+        const size_t n = 1237;  // odd: partial lines and rounds
+        std::vector<float> storage(n * size + 1);
+        float* v = storage.data() + 1;  // 4 bytes past the allocation's alignment
+        for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>(rank + 1) * static_cast<float>(i);
+        group.all_reduce(v, n, ElementType::kFloat32, ReduceOp::kSum);
+        const float total = static_cast<float>(size * (size + 1) / 2);
+        for (size_t i = 0; i < n; ++i) {
+          if (v[i] != total * static_cast<float>(i)) return 1;
+        }
+        std::vector<int32_t> mine(n), all(n * size + 3, -1);
+        for (size_t i = 0; i < n; ++i) mine[i] = static_cast<int32_t>(rank * 100000 + i);
+        group.all_gather(mine.data(), all.data() + 3, n * sizeof(int32_t));
+        for (int r = 0; r < size; ++r) {
+          for (size_t i = 0; i < n; ++i) {
+            if (all[3 + r * n + i] != static_cast<int32_t>(r * 100000 + i)) return 2;
+          }
+        }
+        for (size_t i = 0; i < n * size; ++i) v[i] = static_cast<float>(i % 977);
+        std::vector<float> out(n + 1, -1);
+        group.reduce_scatter(v, out.data() + 1, n, ElementType::kFloat32, ReduceOp::kMax);
+        for (size_t i = 0; i < n; ++i) {
+          if (out[1 + i] != static_cast<float>((rank * n + i) % 977)) return 3;
+        }
+        std::vector<uint16_t> h(n, to_bf16(static_cast<float>(rank + 1)));
+        group.all_reduce(h.data(), n, ElementType::kBFloat16, ReduceOp::kSum);
+        for (uint16_t x : h) {
+          if (from_bf16(x) != total) return 4;
+        }
+        std::vector<uint8_t> b(n + 5, rank == size - 1 ? 7 : 0);
+        group.broadcast(b.data() + 5, n, size - 1);
+        for (size_t i = 5; i < b.size(); ++i) {
+          if (b[i] != 7) return 5;
+        }
+        return 0;
+      });
+      EXPECT_EQ(codes, std::vector<int>(size, 0)) << "size " << size << " streaming " << streaming;
+    }
+  }
+}
+
+// Many rounds of changing data: a rank that rewrote a buffer before its peers had read it
+// would hand them the next round's values.
+TEST(ShmGroup, DoubleBufferedRoundsNeverMixData) {
+  const std::string name = unique_name("rounds");
+  const int size = 3;  // more ranks than this host's 2 cores: ranks are descheduled mid-round
+  const auto codes = run_ranks(size, [&](int rank) {
+    ShmGroup group(options(name, rank, size, 512));  // 256-byte buffers: 64 floats a round
+    for (int call = 0; call < 20; ++call) {
+      const size_t n = 2000 + static_cast<size_t>(call);
+      std::vector<float> v(n);
+      for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>((rank + 1) * (call + 1)) + i;
+      group.all_reduce(v.data(), n, ElementType::kFloat32, ReduceOp::kSum);
+      for (size_t i = 0; i < n; ++i) {
+        if (v[i] != static_cast<float>(6 * (call + 1)) + 3.0f * i) return 1;
+      }
+      std::vector<int32_t> mine(n, rank * 1000 + call), all(n * size);
+      group.all_gather(mine.data(), all.data(), n * sizeof(int32_t));
+      for (int r = 0; r < size; ++r) {
+        for (size_t i = 0; i < n; ++i) {
+          if (all[r * n + i] != r * 1000 + call) return 2;
+        }
+      }
+    }
+    return 0;
+  });
+  EXPECT_EQ(codes, std::vector<int>(size, 0));
+}
+
+// A rank that waits long sleeps (its CPU goes to others) and is woken as soon as the late
+// rank arrives, not at its next poll.
+TEST(ShmGroup, AWaitingRankSleepsAndWakesPromptly) {
+  const std::string name = unique_name("sleep");
+  auto* arrival = static_cast<std::atomic<int64_t>*>(
+      mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  ASSERT_NE(arrival, MAP_FAILED);
+  auto now_ns = [] {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  };
+  const auto codes = run_ranks(2, [&](int rank) {
+    ShmGroup group(options(name, rank, 2));
+    group.barrier();
+    if (rank == 1) {
+      usleep(400 * 1000);
+      arrival->store(now_ns());
+      group.barrier();
+      return 0;
+    }
+    timespec cpu0{}, cpu1{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu0);
+    group.barrier();
+    const int64_t woken_after = now_ns() - arrival->load();
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu1);
+    const double cpu_ms = (cpu1.tv_sec - cpu0.tv_sec) * 1e3 + (cpu1.tv_nsec - cpu0.tv_nsec) / 1e6;
+    fprintf(stderr, "waiting rank: %.1f ms of CPU in 400 ms, woken %.2f ms after the arrival\n",
+            cpu_ms, woken_after / 1e6);
+    if (cpu_ms > 15) return 1;  // spins and yields under 1 ms, then sleeps (polling: ~50)
+    return woken_after < 50000000 ? 0 : 2;  // 50 ms: generous for a loaded 2-core host
+  });
+  munmap(arrival, 4096);
+  EXPECT_EQ(codes, std::vector<int>({0, 0}));
 }
