@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 # Losses of a run on neuron against the same run on the CPU.
@@ -81,6 +82,19 @@ def tiny_model(tokenizer: Any, seed: int = 0, **overrides: Any) -> Any:
 
     torch.manual_seed(seed)
     return LlamaForCausalLM(tiny_config(tokenizer, **overrides)).float()
+
+
+# The tokenizer and the tiny model as module-scoped fixtures, for the test modules that import
+# them (`from finetune_fixtures import base_model_fixture, tokenizer_fixture`); tests ask for
+# them by their names, `tok` and `base`.
+@pytest.fixture(scope="module", name="tok")
+def tokenizer_fixture() -> Any:
+    return make_tokenizer()
+
+
+@pytest.fixture(scope="module", name="base")
+def base_model_fixture(tok: Any) -> torch.nn.Module:
+    return tiny_model(tok)
 
 
 def arithmetic_texts(n: int, seed: int = 0) -> list[str]:

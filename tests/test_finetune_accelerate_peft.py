@@ -17,19 +17,14 @@ from finetune_fixtures import (
     FP32_TOL,
     assert_losses_close,
     clone,
-    make_tokenizer,
     reset_accelerate_state,
     step_losses,
     tiny_model,
     tokenized_dataset,
+    tokenizer_fixture,  # noqa: F401  (fixture)
 )
 
 LOGITS_TOL = {"rtol": 1e-5, "atol": 1e-5}
-
-
-@pytest.fixture(scope="module")
-def tok() -> Any:
-    return make_tokenizer()
 
 
 @pytest.fixture(autouse=True)

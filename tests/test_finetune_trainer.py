@@ -18,23 +18,14 @@ from finetune_fixtures import (
     FP32_TOL,
     arithmetic_texts,
     assert_losses_close,
+    base_model_fixture,  # noqa: F401  (fixture)
     clone,
     eval_losses,
-    make_tokenizer,
     step_losses,
     tiny_model,
     tokenized_dataset,
+    tokenizer_fixture,  # noqa: F401  (fixture)
 )
-
-
-@pytest.fixture(scope="module")
-def tok() -> Any:
-    return make_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def base(tok: Any) -> torch.nn.Module:
-    return tiny_model(tok)
 
 
 def _trainer(model: torch.nn.Module, tok: Any, out: str, *, cpu: bool, train=None, **kw: Any):

@@ -11,28 +11,17 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
 import torch
 from finetune_fixtures import (
     BF16_TOL,
     FP32_TOL,
     assert_losses_close,
+    base_model_fixture,  # noqa: F401  (fixture)
     clone,
-    make_tokenizer,
     step_losses,
     text_dataset,
-    tiny_model,
+    tokenizer_fixture,  # noqa: F401  (fixture)
 )
-
-
-@pytest.fixture(scope="module")
-def tok() -> Any:
-    return make_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def base(tok: Any) -> torch.nn.Module:
-    return tiny_model(tok)
 
 
 def _sft(model: torch.nn.Module, tok: Any, out: str, *, cpu: bool, **kw: Any):

@@ -78,13 +78,20 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+def _config_from_fields(fields: dict[str, Any]) -> Any:
+    """The config of ``fields["model_type"]``, built from the other fields."""
+    from transformers import CONFIG_MAPPING
+
+    fields = dict(fields)
+    return CONFIG_MAPPING[fields.pop("model_type")](**fields)
+
+
 def load_config(source: str) -> Any:
     """A Transformers config from a preset name, a config.json path or a checkpoint dir."""
-    from transformers import CONFIG_MAPPING, AutoConfig
+    from transformers import AutoConfig
 
     if source in PRESETS:
-        fields = dict(PRESETS[source])
-        return CONFIG_MAPPING[fields.pop("model_type")](**fields)
+        return _config_from_fields(PRESETS[source])
     path = Path(source)
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -94,8 +101,7 @@ def load_config(source: str) -> Any:
         fields = json.loads(path.read_text())
         if "model_type" not in fields:
             raise ValueError(f"{path} has no 'model_type': not a Transformers config.json")
-        model_type = fields.pop("model_type")
-        return CONFIG_MAPPING[model_type](**fields)
+        return _config_from_fields(fields)
     raise ValueError(
         f"model {source!r} is neither a preset ({', '.join(PRESETS)}), a config.json nor a "
         "checkpoint directory"

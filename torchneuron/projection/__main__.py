@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..fit import PRESETS, Layout, StepSpec
+from ..fit.arguments import add_step_arguments, layout, step_spec
 from ..html_report import page, stacked_bars, table
 from . import Projection, project_step
 
@@ -53,31 +53,11 @@ def format_html(rows: list[Projection]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m torchneuron.projection", description=__doc__)
-    p.add_argument("model", help=f"preset ({', '.join(PRESETS)}), config.json or checkpoint dir")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--seq", type=int, default=2048)
-    p.add_argument("--inference", action="store_true")
-    p.add_argument("--new-tokens", type=int, default=1)
-    p.add_argument("--dtype", choices=("fp32", "bf16"), default="bf16")
-    p.add_argument("--autocast", action="store_true")
-    p.add_argument("--grad-checkpointing", action="store_true")
-    p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--fsdp", type=int, default=1)
-    p.add_argument("--dp", type=int, default=1)
-    p.add_argument("--chip", action="append")
+    add_step_arguments(p, dtypes=("fp32", "bf16"), optimizer=False)
     p.add_argument("--html", type=Path)
     a = p.parse_args(argv)
     try:
-        spec = StepSpec(
-            batch=a.batch,
-            seq=a.seq,
-            training=not a.inference,
-            dtype=a.dtype,
-            autocast=a.autocast,
-            grad_checkpointing=a.grad_checkpointing,
-            new_tokens=a.new_tokens,
-        )
-        rows = project_step(a.model, spec, Layout(a.tp, a.fsdp, a.dp), a.chip)
+        rows = project_step(a.model, step_spec(a), layout(a), a.chip)
     except (ValueError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

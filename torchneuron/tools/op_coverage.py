@@ -37,9 +37,10 @@ The sweep runs the samples in worker processes (``--jobs``) with a per-sample ti
 a crash or a hang of one sample is recorded against it and the sweep goes on. The report
 names the commit and the build of the extension the workers ran (and says so if the backend
 was rebuilt during the run). ``KNOWN_CAUSES`` maps the remaining failures to their causes.
-The pieces shared with the module harness (module_coverage.py) live in conformance.py
-(outcomes, copying samples, comparing), sweep.py (workers, command line) and
-report_sections.py.
+What the sweep covers (the op database, dtypes, units, the fast subset, per-op tables) is in
+op_coverage_db.py, the report in op_coverage_report.py. The pieces shared with the module
+harness (module_coverage.py) live in conformance.py (outcomes, copying samples, comparing),
+sweep.py (workers, command line) and report_sections.py.
 """
 
 from __future__ import annotations
@@ -47,27 +48,19 @@ from __future__ import annotations
 import contextlib
 import sys
 import warnings
-from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-from torchneuron.tools import report_sections as sections
 from torchneuron.tools import sweep
 from torchneuron.tools.conformance import (
     BACKWARD,
-    CLOSE,
     COUNTED,  # noqa: F401  (tests read it from here)
-    CPU_ERROR,
     ERROR,  # noqa: F401  (tests read it from here)
-    EXACT,
     FAIL,  # noqa: F401  (tests read it from here)
     FORWARD,
     METADATA,
-    NO_GRAD,
-    OVERRIDE,
     PASS,
     SEED,
     UNREPRODUCIBLE,
@@ -80,259 +73,27 @@ from torchneuron.tools.conformance import (
     compare,
     compare_cpu,
     compare_levels,
-    declared_tolerance,
     describe_call,
     differentiable,
     first_line,
     flatten,
-    load_database,
     run_classified,
     run_samples,
     seed_everything,
     tensors,
     transform,
 )
-
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "int64": torch.int64,
-    "bool": torch.bool,
-}
-
-
-# Ops whose outputs are random (drawn from a generator) or undefined (uninitialised memory):
-# their values are not compared, only shape, dtype, layout and device.
-RANDOM_OPS: dict[str, str] = {
-    **dict.fromkeys(
-        (
-            "bernoulli",
-            "cauchy",
-            "exponential",
-            "geometric",
-            "log_normal",
-            "multinomial",
-            "normal",
-            "normal.in_place",
-            "normal.number_mean",
-            "uniform",
-            "rand_like",
-            "randint",
-            "randint_like",
-            "randn",
-            "randn_like",
-            "nn.functional.alpha_dropout",
-            "nn.functional.dropout",
-            "nn.functional.dropout2d",
-            "nn.functional.dropout3d",
-            "nn.functional.feature_alpha_dropout.with_train",
-            "nn.functional.fractional_max_pool2d",
-            "nn.functional.fractional_max_pool3d",
-            "nn.functional.rrelu",
-        ),
-        "random values",
-    ),
-    **dict.fromkeys(
-        (
-            "empty",
-            "empty_like",
-            "empty_permuted",
-            "empty_strided",
-            "new_empty",
-            "new_empty_strided",
-            "resize_",
-            "resize_as_",
-        ),
-        "uninitialised memory",
-    ),
-}
-
-# Tensor arguments (positions in SampleInput.args) that PyTorch requires on the CPU whatever
-# the device: the OpInfo creates them with torch.tensor() (no device), so a device's own test
-# suite passes them on the CPU too. tensor_split: "tensor_indices_or_sections must be on cpu".
-HOST_ARGUMENTS: dict[str, tuple[int, ...]] = {"tensor_split": (0,)}
-
-# Causes of the non-passes the full sweep finds, each reproduced by hand: (op regex, reason
-# regex, cause). The report groups failures by them; anything else shows as 'unexplained'.
-# Entries for fixed bugs stay, so that a regression is named when it comes back.
-KNOWN_CAUSES: list[tuple[str, str, str]] = [
-    (
-        r"native_layer_norm|nn\.functional\.layer_norm|native_group_norm|nn\.functional\.group_norm"
-        r"|addr",
-        r"",
-        "backend bug (composite instead of CPU kernel; fixed in 180aff9): the op has both a "
-        "CPU kernel and a CompositeExplicitAutograd kernel, and on neuron the composite "
-        "(math_native_layer_norm, math_group_norm, math_addr) won over the host-kernel "
-        "fallback, so bf16/f16 rounding (and, for empty inputs, the dtype of mean/rstd) "
-        "differed from the CPU",
-    ),
-    (
-        r"sgn",
-        r"SIGSEGV",
-        "backend bug (zero tensor crash; fixed in fb06dbd): "
-        "torch._efficientzerotensor(..., device='neuron') crashed the process (a memcpy in "
-        "ResultAdopter::move_into from the zero tensor's data-less storage); sgn's backward "
-        "for real inputs returns a zero tensor",
-    ),
-    (
-        r"fft\..*|polar|linalg\.eig|linalg\.eigvals",
-        r"SIGSEGV",
-        "backend bug (conjugate/negative views crash; fixed in fb06dbd): any op or copy on a "
-        "conjugate or negative view of a neuron tensor recursed without end (conjugateFallback "
-        "-> clone -> copy_ -> neuron _copy_from -> conjugateFallback) and crashed the process; "
-        "fft.ifft/hfft/ihfft return conjugate views, polar and eig backward call conj()",
-    ),
-    (
-        r".*",
-        r"[Ss]parse",
-        "not supported: sparse layouts on neuron (no sparse kernels are registered)",
-    ),
-    (
-        r"nn\.functional\.scaled_dot_product_attention",
-        r"not differentiable with respect to argument 'attn_mask'",
-        "backend bug (SDPA kernel choice; fixed in 180aff9): neuron's _fused_sdp_choice asked "
-        "the CPU chooser with host aliases, which drop requires_grad, so it picked the CPU "
-        "flash kernel although attn_mask requires grad; that kernel cannot differentiate it",
-    ),
-    (
-        r"nn\.functional\.linear_cross_entropy.*",
-        r"",
-        "PyTorch policy, not a backend bug: linear_cross_entropy resolves acc_policy='auto' "
-        "per (device type, dtype); CPU bf16/f16 use 'accurate', devices without an entry "
-        "(neuron) get the 'compact' fallback (torch/nn/modules/linear_cross_entropy_options.py); "
-        "with acc_policy='accurate' passed explicitly neuron equals the CPU bitwise",
-    ),
-]
-
-# The fast subset (tests/test_opinfo.py and the default of the CLI): ops Transformers-style
-# models use, each with the dtypes it is checked in. float32 means forward and backward.
-FAST_OPS: dict[str, tuple[str, ...]] = {
-    # elementwise
-    "add": ("float32", "bfloat16", "float16", "int64", "bool"),
-    "mul": ("float32", "bfloat16", "int64", "bool"),
-    "div.no_rounding_mode": ("float32", "bfloat16"),
-    "pow": ("float32",),
-    "exp": ("float32", "bfloat16"),
-    "rsqrt": ("float32", "bfloat16"),
-    "tanh": ("float32",),
-    "sigmoid": ("float32",),
-    "abs": ("float32", "int64"),
-    "clamp": ("float32", "int64"),
-    "where": ("float32", "bool"),
-    "maximum": ("float32",),
-    "cos": ("float32",),
-    "erf": ("float32",),
-    "eq": ("float32", "int64", "bool"),
-    "logical_and": ("bool",),
-    "bitwise_and": ("int64", "bool"),
-    "masked_fill": ("float32", "bfloat16"),
-    # reductions and scans
-    "sum": ("float32", "bfloat16", "int64", "bool"),
-    "mean": ("float32", "bfloat16"),
-    "argmax": ("float32", "int64"),
-    "var": ("float32",),
-    "cumsum": ("float32", "int64"),
-    "logsumexp": ("float32",),
-    "all": ("bool",),
-    "topk": ("float32",),
-    # linear algebra
-    "matmul": ("float32", "bfloat16", "float16"),
-    "mm": ("float32",),
-    "bmm": ("float32", "bfloat16"),
-    "addmm": ("float32",),
-    "baddbmm": ("float32",),
-    "einsum": ("float32",),
-    "linalg.vector_norm": ("float32",),
-    "triu": ("float32", "bool"),
-    # indexing
-    "index_select": ("float32", "int64"),
-    "gather": ("float32",),
-    "scatter": ("float32",),
-    "index_put": ("float32",),
-    "__getitem__": ("float32", "int64"),
-    "nonzero": ("float32", "bool"),
-    "arange": ("float32", "int64"),
-    # views and shape changes
-    "view": ("float32", "bool"),
-    "reshape": ("float32",),
-    "transpose": ("float32",),
-    "permute": ("float32",),
-    "expand": ("float32",),
-    "split": ("float32",),
-    "cat": ("float32", "bfloat16", "float16", "int64", "bool"),
-    "unsqueeze": ("float32",),
-    "to": ("float32", "bfloat16"),
-    # nn.functional used by transformers
-    "nn.functional.linear": ("float32", "bfloat16"),
-    "softmax": ("float32", "bfloat16", "float16"),
-    "log_softmax": ("float32",),
-    "nn.functional.layer_norm": ("float32", "bfloat16", "float16"),
-    "nn.functional.rms_norm": ("float32", "bfloat16"),
-    "nn.functional.embedding": ("float32", "bfloat16"),
-    "nn.functional.gelu": ("float32", "bfloat16"),
-    "nn.functional.silu": ("float32",),
-    "nn.functional.relu": ("float32",),
-    "nn.functional.cross_entropy": ("float32",),
-    "nn.functional.scaled_dot_product_attention": ("float32",),
-    "nn.functional.dropout": ("float32",),
-    "nn.functional.conv2d": ("float32",),
-    "nn.functional.pad.constant": ("float32",),
-    "nn.functional.group_norm": ("float32",),
-    "nn.functional.one_hot": ("int64",),
-}
-
-
-# ---------------------------------------------------------------------------------------------
-# The op database
-
-
-def load_op_db() -> list[Any]:
-    """PyTorch's OpInfo database (``op_db``)."""
-    return load_database("torch.testing._internal.common_methods_invocations", "op_db")
-
-
-def op_key(op: Any) -> str:
-    """``name`` or ``name.variant_test_name``: unique within op_db."""
-    return f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name
-
-
-def ops_by_key() -> dict[str, Any]:
-    return {op_key(op): op for op in load_op_db()}
-
-
-def supported_dtypes(op: Any) -> list[str]:
-    """The dtypes of DTYPES the op supports on the CPU."""
-    cpu = op.supported_dtypes("cpu")
-    return [name for name, dtype in DTYPES.items() if dtype in cpu]
-
-
-def has_backward(op: Any) -> bool:
-    return bool(op.supports_autograd) and torch.float32 in op.supported_backward_dtypes("cpu")
-
-
-def units_for(op: Any, dtypes: Iterable[str] | None = None) -> list[Unit]:
-    """The units of one op: forward per supported dtype, backward in float32."""
-    wanted = set(dtypes) if dtypes is not None else set(DTYPES)
-    units = []
-    for name in supported_dtypes(op):
-        if name not in wanted:
-            continue
-        units.append(Unit(op_key(op), name, FORWARD))
-        if name == "float32" and has_backward(op):
-            units.append(Unit(op_key(op), name, BACKWARD))
-    return units
-
-
-def tolerance_override(op: Any, dtype: torch.dtype) -> tuple[float, float] | None:
-    """The loosest (rtol, atol) the OpInfo declares for `dtype` (CPU or any device)."""
-
-    def applies(info: Any) -> bool:
-        on_cpu = info.device_type in (None, "cpu") and bool(info.active_if)
-        return on_cpu and (info.dtypes is None or dtype in info.dtypes)
-
-    return declared_tolerance(op.decorators or (), dtype, applies)
-
+from torchneuron.tools.op_coverage_db import (
+    DTYPES,
+    FAST_OPS,
+    HOST_ARGUMENTS,
+    RANDOM_OPS,
+    op_key,
+    ops_by_key,
+    tolerance_override,
+    units_for,
+)
+from torchneuron.tools.op_coverage_report import summary, write_report
 
 # ---------------------------------------------------------------------------------------------
 # Moving samples to neuron and comparing
@@ -570,180 +331,6 @@ def check_op(key: str, dtype: str, mode: str) -> list[Result]:
 
 
 # ---------------------------------------------------------------------------------------------
-# The report
-
-
-def summarize(results: list[Result]) -> dict[str, dict[str, int]]:
-    """Status counts per mode and overall."""
-    table: dict[str, dict[str, int]] = {}
-    for mode in (FORWARD, BACKWARD):
-        table[mode] = dict(sections.counts(r for r in results if r.mode == mode))
-    table["all"] = dict(sections.counts(results))
-    return table
-
-
-def _summary_rows(results: list[Result]) -> list[str]:
-    groups: list[tuple[str, Callable[[Result], bool]]] = [
-        ("forward", lambda r: r.mode == FORWARD),
-        ("backward (float32 grads)", lambda r: r.mode == BACKWARD),
-        ("all", lambda r: True),
-    ]
-    return sections.summary_rows(results, groups, 0.99)
-
-
-def cause_of(r: Result) -> str:
-    """The known cause of a non-pass, or 'unexplained: <reason>'."""
-    return sections.cause_of(r, KNOWN_CAUSES)
-
-
-MODULE_REPORT = "module_coverage.md"
-
-
-def write_report(
-    results: list[Result],
-    units: list[Unit],
-    path: Path | None,
-    command: str,
-    elapsed: float,
-    full: bool = False,
-    backend: str = "unknown",
-) -> str:
-    """Writes the markdown report (to `path` if given) and returns it."""
-    ops = ops_by_key()
-    by_cell: dict[tuple[str, str, str], list[Result]] = defaultdict(list)
-    for r in results:
-        by_cell[(r.op, r.dtype, r.mode)].append(r)
-    op_names = list(dict.fromkeys(u.op for u in units))
-    unit_set = set(units)
-    checked = Counter(r.checked for r in results if r.status == PASS)
-    counts = sections.counts(results)
-
-    out: list[str] = []
-    out.append("# OpInfo conformance of `neuron` against the CPU")
-    out.append("")
-    out.append(
-        f"Generated by `{command}` (torchneuron/tools/op_coverage.py) with torch "
-        f"{torch.__version__}, {len(op_names)} OpInfos of `op_db`, {len(units)} (op, dtype, mode) "
-        f"units, in {elapsed / 60:.1f} min. Do not edit by hand; rerun the command. The "
-        f"ModuleInfo sweep is in [{MODULE_REPORT}]({MODULE_REPORT})."
-    )
-    out.append("")
-    out.append(f"Backend under test: {backend}.")
-    out.append("")
-    out.append("## Summary")
-    out.append("")
-    out.extend(_summary_rows(results))
-    out.append("")
-    out.append(
-        f"Of the passing samples, {checked[EXACT]} are bitwise equal to the CPU, {checked[CLOSE]} "
-        f"within `assert_close`'s default tolerance, {checked[OVERRIDE]} within the OpInfo's own "
-        f"declared tolerance; {checked[METADATA]} (random or uninitialised values) and "
-        f"{checked[UNREPRODUCIBLE]} (CPU result not reproducible from run to run) were compared "
-        f"by shape, dtype, layout and device only. Not counted: {counts[CPU_ERROR]} samples that "
-        f"raise on the CPU too (`cpu-error`) and {counts[NO_GRAD]} backward samples with no "
-        f"differentiable output or input (`no-grad`)."
-    )
-    module_table = sections.quoted_summary(Path(__file__).parents[2] / "docs" / MODULE_REPORT)
-    if module_table:
-        out.append("")
-        out.append("## Modules")
-        out.append("")
-        out.append(
-            f"The ModuleInfo sweep (`python -m torchneuron.tools.module_coverage --full`, every "
-            f"module of `module_db` forward and backward, train and eval, float32 and bfloat16), "
-            f"as [{MODULE_REPORT}]({MODULE_REPORT}) last reported it:"
-        )
-        out.append("")
-        out.extend(module_table)
-    out.append("")
-    out.append("## Method")
-    out.append("")
-    out.append(
-        "- Ops and samples: every OpInfo of `torch.testing._internal.common_methods_invocations."
-        "op_db`; for each of float32, bfloat16, float16, int64, bool that "
-        "`opinfo.supported_dtypes('cpu')` contains, `opinfo.sample_inputs('cpu', dtype)` "
-        f"(generated from seed {SEED}). Each sample is copied to `neuron` with the same sizes, "
-        "strides and storage offset, then `opinfo(input, *args, **kwargs)` runs on both (the "
-        "global seed reset to the same value before each run); `output_process_fn_grad` is "
-        "applied to both results."
-    )
-    out.append(
-        "- Forward: the outputs must be neuron tensors and match the CPU's; inputs must match "
-        "after the call (in-place writes); an output that is a view of an input on the CPU must "
-        "be one on `neuron` (and the reverse)."
-    )
-    out.append(
-        "- Backward (float32, ops with `supports_autograd`): samples with `requires_grad=True`; "
-        "`torch.autograd.grad` of the differentiable outputs with a fixed random cotangent "
-        "(normal, seed fixed) on both devices; the input gradients are compared."
-    )
-    out.append(
-        "- Tolerance: `torch.testing.assert_close` defaults for the output's dtype (float32 "
-        "rtol 1.3e-6 atol 1e-5; bfloat16 rtol 1.6e-2 atol 1e-5; float16 rtol 1e-3 atol 1e-5; "
-        "integers and bool exact), `equal_nan=True`, strides not compared. A sample outside "
-        "them passes if the OpInfo declares a looser `toleranceOverride`/`precisionOverride` "
-        "for the dtype (counted above as 'OpInfo's own tolerance')."
-    )
-    random_keys = sorted(k for k in RANDOM_OPS if k in ops)
-    out.append(
-        "- Not compared by value (shape, dtype, layout and device only): random ops "
-        + ", ".join(f"`{k}`" for k in random_keys if RANDOM_OPS[k] == "random values")
-        + "; ops returning uninitialised memory "
-        + ", ".join(f"`{k}`" for k in random_keys if RANDOM_OPS[k] != "random values")
-        + "; and any sample whose CPU result changes when the CPU runs it again with another "
-        "seed (listed below)."
-    )
-    out.append(
-        "- Each sample runs in a worker process with a timeout; a crash or a timeout is an "
-        "`error` of that sample. `cpu-error` and `no-grad` samples are not counted."
-    )
-    out.append("")
-
-    out += sections.failures_section(results, KNOWN_CAUSES, "ops")
-    out += sections.unreproducible_section(results)
-    out.append("## Per op and dtype")
-    out.append("")
-    out.append(
-        "Cells: pass/fail/error samples; `+N cpu` samples that raise on the CPU too (not "
-        "counted); `—` dtype not supported on the CPU; `(m)` values not compared (random or "
-        "uninitialised)."
-    )
-    out.append("")
-    columns = [(d, FORWARD) for d in DTYPES] + [("float32", BACKWARD)]
-    header = (
-        "| op | " + " | ".join(d if m == FORWARD else "float32 grad" for d, m in columns) + " |"
-    )
-    out.append(header)
-    out.append("|---|" + "---|" * len(columns))
-    for key in op_names:
-        cells = []
-        for dtype, mode in columns:
-            if Unit(key, dtype, mode) not in unit_set:
-                cells.append("—")
-                continue
-            cell = sections.cell(by_cell.get((key, dtype, mode), []))
-            if key in RANDOM_OPS:
-                cell += " (m)"
-            cells.append(cell)
-        out.append(f"| `{sections.md(key)}` | " + " | ".join(cells) + " |")
-    out.append("")
-
-    if full:
-        not_run = [k for k in ops if k not in set(op_names)]
-        out.append(f"## OpInfos not run: none of the five dtypes on the CPU ({len(not_run)})")
-        out.append("")
-        for key in not_run:
-            cpu = sorted(str(d).replace("torch.", "") for d in ops[key].supported_dtypes("cpu"))
-            out.append(f"- `{key}`: CPU dtypes {', '.join(cpu) if cpu else 'none'}")
-        out.append("")
-
-    out += sections.not_counted_section(
-        results, "Not counted: samples that raise on the CPU, backward without grads", "ops"
-    )
-    return sections.write_text(out, path)
-
-
-# ---------------------------------------------------------------------------------------------
 # Command line
 
 HARNESS = sweep.Harness(
@@ -759,7 +346,7 @@ HARNESS = sweep.Harness(
     write_report=lambda run, units, path, command, full: write_report(
         run.results, units, path, command, run.elapsed, full, run.backend
     ),
-    summary=_summary_rows,
+    summary=summary,
 )
 
 
