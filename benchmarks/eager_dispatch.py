@@ -4,7 +4,7 @@ Two families of measurements, each reported as a ratio against CPU eager on the 
 the same process (absolute times on shared machines mean little):
 
 * dispatch overhead: microseconds per call of tiny ops (4x4 / 8-element tensors), where the
-  time is all framework overhead. ratio = neuron time / CPU time, target <= 1.3.
+  time is all framework overhead. ratio = neuron time / CPU time, target <= 1.1.
 * throughput: large elementwise ops (1e6, 1e7 fp32 elements) and matmul (fp32, bf16).
   ratio = neuron throughput / CPU throughput, target >= 0.95.
 
@@ -48,7 +48,7 @@ from _harness import (
     time_block,
 )
 
-DISPATCH_TARGET = 1.3  # neuron time / CPU time, at most
+DISPATCH_TARGET = 1.1  # neuron time / CPU time, at most (issue 15)
 THROUGHPUT_TARGET = 0.95  # neuron throughput / CPU throughput, at least
 
 
