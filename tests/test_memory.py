@@ -241,6 +241,31 @@ def test_accelerator_memory_agrees_with_neuron():
     del x
 
 
+def test_small_block_churn_is_invisible_in_stats_and_empty_cache():
+    # Freed blocks of up to 4 KiB wait unmerged in a per-size stash for the next op of their
+    # size; memory stats and empty_cache must see them as returned to the pool.
+    torch.neuron.empty_cache()
+    keys = (
+        "allocated_bytes.all.current",
+        "active_bytes.all.current",
+        "active.all.current",
+        "inactive_split.all.current",
+        "inactive_split_bytes.all.current",
+    )
+    before = torch.neuron.memory_stats()
+    reserved = torch.neuron.memory_reserved()
+    x, expected = torch.ones(4, 4, device="neuron"), torch.ones(4, 4)
+    for numel in (8, 16, 128, 1000, 16, 8):
+        x = x.sum() + torch.ones(numel, device="neuron")  # results freed one op later
+        expected = expected.sum() + torch.ones(numel)
+    assert torch.equal(x.cpu(), expected)  # same host kernels: bitwise
+    del x
+    after = torch.neuron.memory_stats()
+    assert {k: after[k] for k in keys} == {k: before[k] for k in keys}
+    torch.neuron.empty_cache()
+    assert torch.neuron.memory_reserved() == reserved
+
+
 # ---------------------------------------------------------------------------- streams
 
 

@@ -1,8 +1,10 @@
 #include "caching_allocator.h"
 
 #include <c10/util/Exception.h>
+#include <c10/util/SmallVector.h>
 #include <c10/util/flat_hash_map.h>
 
+#include <array>
 #include <cstdio>
 #include <cstring>
 #include <deque>
@@ -10,7 +12,6 @@
 #include <mutex>
 #include <set>
 #include <tuple>
-#include <unordered_map>
 #include <vector>
 
 #include "device_state.h"
@@ -30,6 +31,8 @@ constexpr size_t kSmallSegment = 2 << 20;    // small-pool segments are 2 MiB
 constexpr size_t kMediumSegment = 20 << 20;  // requests below 10 MiB share 20 MiB segments
 constexpr size_t kMinLargeAlloc = 10 << 20;  // larger requests get their own segment
 constexpr size_t kLargeRounding = 2 << 20;   // ... rounded up to 2 MiB
+constexpr size_t kQuickClasses = 8;          // stashed sizes: 512 B, 1 KiB, ... 4 KiB
+constexpr size_t kQuickDepth = 8;            // blocks stashed per size
 
 struct Block {
   c10::DeviceIndex device;
@@ -150,6 +153,7 @@ class DeviceCache {
   void empty_cache() {
     std::lock_guard<std::mutex> lock(mutex_);
     process_pending(/*wait=*/true);
+    flush_stash();
     release_whole_segments(small_free_);
     release_whole_segments(large_free_);
   }
@@ -160,18 +164,21 @@ class DeviceCache {
     std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
     if (!lock.owns_lock()) return;
     process_pending(/*wait=*/false);
+    flush_stash();
     release_whole_segments(small_free_);
     release_whole_segments(large_free_);
   }
 
   DeviceStats stats() {
     std::lock_guard<std::mutex> lock(mutex_);
+    flush_stash();
     return stats_;
   }
 
   template <typename Fn>
   void for_each_stat(Fn fn) {
     std::lock_guard<std::mutex> lock(mutex_);
+    flush_stash();
     for (StatArray* array :
          {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
           &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
@@ -198,11 +205,17 @@ class DeviceCache {
     process_pending(/*wait=*/false);
     const bool small = size <= kSmallSize;
     BlockPool& pool = small ? small_free_ : large_free_;
-    Block* block = take_free(pool, stream, size);
+    Block* block = take_stashed(size, stream);
     if (block == nullptr) {
-      block = new_segment(size, stream, small, nbytes);
+      block = take_free(pool, stream, size);
+      if (block == nullptr && stashed_ > 0) {
+        // Stashed blocks may merge into one that fits: no new segment before trying.
+        flush_stash();
+        block = take_free(pool, stream, size);
+      }
+      if (block == nullptr) block = new_segment(size, stream, small, nbytes);
+      block = split(block, size, pool);
     }
-    block = split(block, size, pool);
     block->allocated = true;
     block->requested = nbytes;
     allocated_.emplace(block->ptr, block);
@@ -227,10 +240,52 @@ class DeviceCache {
     stat_sub(stats_.requested_bytes, block->small, block->requested);
     if (!block->stream_uses.empty()) {
       defer_until_streams_reach(block);
-    } else {
+    } else if (!stash(block)) {
       release_to_pool(block);
     }
     return true;
+  }
+
+  // Small-tensor workloads free and allocate blocks of a few sizes on every op. Returning
+  // such a block to the pool merges it with its neighbour, and the next request splits it
+  // off again (a set erase and insert, a Block new and delete each time). Instead, a freed
+  // small block waits unmerged in a short per-size stash and serves the next request of its
+  // size and stream as is. The stash is merged into the pool (flush_stash) before stats are
+  // read, before a new segment is reserved and when the cache is emptied, so what is
+  // observable (stats, reserved memory) is as if every block had gone back to the pool.
+  static size_t stash_class(size_t size) { return size / kMinBlockSize - 1; }
+
+  bool stash(Block* block) {
+    if (!block->small || block->size > kQuickClasses * kMinBlockSize) return false;
+    auto& stash = stash_[stash_class(block->size)];
+    if (stash.size() >= kQuickDepth) return false;
+    stat_sub(stats_.active, block->small, 1);
+    stat_sub(stats_.active_bytes, block->small, block->size);
+    stash.push_back(block);
+    ++stashed_;
+    return true;
+  }
+
+  Block* take_stashed(size_t size, c10::StreamId stream) {
+    if (stashed_ == 0 || size > kQuickClasses * kMinBlockSize) return nullptr;
+    auto& stash = stash_[stash_class(size)];
+    for (size_t i = stash.size(); i-- > 0;) {
+      Block* block = stash[i];
+      if (block->stream != stream) continue;
+      stash.erase(stash.begin() + static_cast<std::ptrdiff_t>(i));
+      --stashed_;
+      return block;
+    }
+    return nullptr;
+  }
+
+  void flush_stash() {
+    if (stashed_ == 0) return;
+    for (auto& stash : stash_) {
+      for (Block* block : stash) return_to_pool(block);
+      stash.clear();
+    }
+    stashed_ = 0;
   }
 
   Block* take_free(BlockPool& pool, c10::StreamId stream, size_t size) {
@@ -345,6 +400,11 @@ class DeviceCache {
   void release_to_pool(Block* block) {
     stat_sub(stats_.active, block->small, 1);
     stat_sub(stats_.active_bytes, block->small, block->size);
+    return_to_pool(block);
+  }
+
+  // Merges an inactive block with free neighbours into its pool.
+  void return_to_pool(Block* block) {
     BlockPool& pool = block->small ? small_free_ : large_free_;
     merge_with(block, block->prev, pool);
     merge_with(block, block->next, pool);
@@ -392,8 +452,10 @@ class DeviceCache {
   std::mutex mutex_;
   BlockPool small_free_;
   BlockPool large_free_;
-  std::unordered_map<void*, Block*> allocated_;
+  ska::flat_hash_map<void*, Block*> allocated_;
   std::deque<std::pair<nrt_event_t, Block*>> pending_;
+  std::array<c10::SmallVector<Block*, kQuickDepth>, kQuickClasses> stash_;
+  size_t stashed_ = 0;
   DeviceStats stats_;
 };
 

@@ -35,74 +35,102 @@ namespace {
 // Alias objects (a CPU tensor and its storage) are recycled per thread: creating and
 // destroying a TensorImpl and a StorageImpl for every argument of every op is a large part
 // of a small op's cost.
-constexpr size_t kAliasPoolSize = 16;
-thread_local c10::SmallVector<at::Tensor, kAliasPoolSize> tls_alias_pool;
+thread_local HostAliasSet::Pool tls_alias_pool;
 
-// Points a recycled alias at new bytes with new geometry.
-void retarget(const at::Tensor& alias, const c10::Storage& host, const at::Tensor& like) {
+// Element-wise equality, inline: most arrays here have one to four elements.
+bool same(c10::IntArrayRef a, c10::IntArrayRef b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] != b[i]) return false;
+  }
+  return true;
+}
+
+// Gives a recycled alias (whose storage object is reused, so only its bytes changed) the
+// dtype and geometry of `like`. Loops run the same shapes over and over, so each field is
+// written only when it differs: a geometry write recomputes contiguity and other flags.
+void retarget(const at::Tensor& alias, const at::Tensor& like) {
   auto* impl = alias.unsafeGetTensorImpl();
-  impl->set_storage_and_dtype(host, like.dtype());
-  impl->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
-  impl->_set_conj(like.is_conj());
-  impl->_set_neg(like.is_neg());
+  if (impl->dtype() != like.dtype()) impl->set_storage_and_dtype(impl->storage(), like.dtype());
+  if (!same(impl->sizes(), like.sizes()) || !same(impl->strides(), like.strides())) {
+    impl->set_sizes_and_strides(like.sizes(), like.strides(), like.storage_offset());
+  } else if (impl->storage_offset() != like.storage_offset()) {
+    impl->set_storage_offset(like.storage_offset());
+  }
+  if (impl->is_conj() != like.is_conj()) impl->_set_conj(like.is_conj());
+  if (impl->is_neg() != like.is_neg()) impl->_set_neg(like.is_neg());
+}
+
+// A new owning reference to a storage that is alive.
+c10::Storage held(c10::StorageImpl* storage) {
+  return c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(storage));
 }
 
 }  // namespace
 
 at::Tensor HostAliasSet::alias(const at::Tensor& device_tensor) {
-  const c10::Storage& device_storage = device_tensor.storage();
-  const c10::Storage* host = host_storage_for(device_storage.unsafeGetStorageImpl());
-  if (host == nullptr) {
-    void* data = const_cast<void*>(device_storage.data());
-    // Non-owning: the neuron storage keeps the memory alive for the whole op.
-    c10::DataPtr view(data, c10::Device(c10::DeviceType::CPU));
-    if (!tls_alias_pool.empty()) {
-      at::Tensor recycled = std::move(tls_alias_pool.back());
-      tls_alias_pool.pop_back();
-      c10::Storage storage = recycled.storage();
-      storage.unsafeGetStorageImpl()->set_data_ptr_noswap(std::move(view));
-      storage.unsafeGetStorageImpl()->set_nbytes(device_storage.nbytes());
-      storage.unsafeGetStorageImpl()->set_resizable(device_storage.resizable());
-      storages_.emplace_back(device_storage, std::move(storage));
-      retarget(recycled, storages_.back().second, device_tensor);
-      created_.push_back(recycled);
-      return recycled;
-    }
-    // A storage that cannot grow (shared memory) gets an alias that cannot either: a kernel
-    // resizing it would otherwise hand the neuron storage private memory.
-    storages_.emplace_back(device_storage,
-                           make_storage(device_storage.nbytes(), std::move(view),
-                                        redirecting_cpu_allocator(), device_storage.resizable()));
-    host = &storages_.back().second;
+  const c10::Storage& device = device_tensor.unsafeGetTensorImpl()->unsafe_storage();
+  c10::StorageImpl* device_storage = device.unsafeGetStorageImpl();
+  c10::StorageImpl* host = host_storage_for(device_storage);
+  if (host != nullptr) {
+    at::Tensor result = tensor_on(held(host), c10::DispatchKey::CPU, device_tensor);
+    created_.push_back(result);
+    return result;
   }
-  at::Tensor result = tensor_on(*host, c10::DispatchKey::CPU, device_tensor);
+  void* data = const_cast<void*>(device_storage->data());
+  // Non-owning: the neuron storage keeps the memory alive for the whole op.
+  c10::DataPtr view(data, c10::Device(c10::DeviceType::CPU));
+  if (pool_ == nullptr) pool_ = &tls_alias_pool;
+  if (!pool_->empty()) {
+    at::Tensor recycled = std::move(pool_->back());
+    pool_->pop_back();
+    c10::StorageImpl* storage =
+        recycled.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+    storage->set_data_ptr_noswap(std::move(view));
+    if (storage->nbytes() != device_storage->nbytes())
+      storage->set_nbytes(device_storage->nbytes());
+    if (storage->resizable() != device_storage->resizable()) {
+      storage->set_resizable(device_storage->resizable());
+    }
+    storages_.emplace_back(device, held(storage));
+    retarget(recycled, device_tensor);
+    created_.push_back(recycled);
+    return recycled;
+  }
+  // A storage that cannot grow (shared memory) gets an alias that cannot either: a kernel
+  // resizing it would otherwise hand the neuron storage private memory.
+  c10::Storage storage = make_storage(device_storage->nbytes(), std::move(view),
+                                      redirecting_cpu_allocator(), device_storage->resizable());
+  storages_.emplace_back(device, storage);
+  at::Tensor result = tensor_on(std::move(storage), c10::DispatchKey::CPU, device_tensor);
   created_.push_back(result);
   return result;
 }
 
 HostAliasSet::~HostAliasSet() {
+  if (created_.empty()) return;
+  if (pool_ == nullptr) pool_ = &tls_alias_pool;
   for (at::Tensor& alias : created_) {
     // Recyclable when only this set holds the tensor, and its storage is held by the tensor
-    // and this set's table alone (no other alias, view or result shares it).
-    if (tls_alias_pool.size() < kAliasPoolSize && alias.use_count() == 1 &&
-        alias.storage().use_count() == 2) {
-      alias.storage().unsafeGetStorageImpl()->set_data_ptr_noswap(
-          c10::DataPtr(nullptr, c10::Device(c10::DeviceType::CPU)));
-      tls_alias_pool.push_back(std::move(alias));
+    // and this set's table alone (no other alias, view or result shares it). The pooled alias keeps
+    // its non-owning pointer until reuse: nothing can reach it meanwhile.
+    if (pool_->size() < kPoolSize && alias.use_count() == 1 &&
+        alias.unsafeGetTensorImpl()->unsafe_storage().use_count() == 2) {
+      pool_->push_back(std::move(alias));
     }
   }
 }
 
-const c10::Storage* HostAliasSet::device_storage_for(const c10::StorageImpl* host_storage) const {
+c10::StorageImpl* HostAliasSet::device_storage_for(const c10::StorageImpl* host_storage) const {
   for (const auto& [device, host] : storages_) {
-    if (host.unsafeGetStorageImpl() == host_storage) return &device;
+    if (host.unsafeGetStorageImpl() == host_storage) return device.unsafeGetStorageImpl();
   }
   return nullptr;
 }
 
-const c10::Storage* HostAliasSet::host_storage_for(const c10::StorageImpl* device_storage) const {
+c10::StorageImpl* HostAliasSet::host_storage_for(const c10::StorageImpl* device_storage) const {
   for (const auto& [device, host] : storages_) {
-    if (device.unsafeGetStorageImpl() == device_storage) return &host;
+    if (device.unsafeGetStorageImpl() == device_storage) return host.unsafeGetStorageImpl();
   }
   return nullptr;
 }
@@ -128,11 +156,11 @@ c10::Storage new_device_storage(size_t nbytes, c10::DeviceIndex device) {
 at::Tensor ResultAdopter::adopt(at::Tensor host) {
   if (!host.defined() || !host.device().is_cpu()) return host;
   c10::StorageImpl* key = host.storage().unsafeGetStorageImpl();
-  if (const c10::Storage* input = aliases_.device_storage_for(key)) {
-    return device_tensor_on(*input, host);  // a view of an argument
+  if (c10::StorageImpl* input = aliases_.device_storage_for(key)) {
+    return device_tensor_on(held(input), host);  // a view of an argument
   }
   for (const auto& [seen, storage] : adopted_) {
-    if (seen == key) return device_tensor_on(storage, host);
+    if (seen == key) return device_tensor_on(held(storage), host);
   }
   // (A storage without data, e.g. a zero tensor's, converts the same way.)
   if (host.use_count() == 1 && host.storage().use_count() == 1 &&
@@ -144,7 +172,7 @@ at::Tensor ResultAdopter::adopt(at::Tensor host) {
     auto* impl = host.unsafeGetTensorImpl();
     impl->set_storage_keep_dtype(host.storage());
     impl->_change_backend_component_keys(where);
-    adopted_.emplace_back(key, host.storage());
+    adopted_.emplace_back(key, key);
     return host;
   }
   const size_t nbytes = key->nbytes();
@@ -153,7 +181,7 @@ at::Tensor ResultAdopter::adopt(at::Tensor host) {
     storage = new_device_storage(0, device_);
     move_into(storage.unsafeGetStorageImpl(), key, nbytes);
   }
-  adopted_.emplace_back(key, storage);
+  adopted_.emplace_back(key, storage.unsafeGetStorageImpl());
   return device_tensor_on(std::move(storage), host);
 }
 
@@ -177,8 +205,8 @@ void ResultAdopter::write_back(const at::Tensor& device, const at::Tensor& host)
   auto* impl = device.unsafeGetTensorImpl();
   c10::StorageImpl* device_storage = impl->storage().unsafeGetStorageImpl();
   c10::StorageImpl* host_storage = host.storage().unsafeGetStorageImpl();
-  const c10::Storage* stands_for = aliases_.device_storage_for(host_storage);
-  if (stands_for != nullptr && stands_for->unsafeGetStorageImpl() == device_storage) {
+  const c10::StorageImpl* stands_for = aliases_.device_storage_for(host_storage);
+  if (stands_for == device_storage) {
     if (host_storage->data() != device_storage->data()) {
       // The kernel grew the alias's storage: the neuron storage, shared by every view of it,
       // takes over the new memory.

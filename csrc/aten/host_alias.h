@@ -15,6 +15,10 @@ namespace torchneuron {
 // storage too, so host kernels see the same aliasing (overlap checks, in-place views).
 class HostAliasSet {
  public:
+  // A thread's recyclable alias objects.
+  static constexpr size_t kPoolSize = 16;
+  using Pool = c10::SmallVector<at::Tensor, kPoolSize>;
+
   HostAliasSet() = default;
   HostAliasSet(const HostAliasSet&) = delete;
   HostAliasSet& operator=(const HostAliasSet&) = delete;
@@ -23,12 +27,16 @@ class HostAliasSet {
 
   at::Tensor alias(const at::Tensor& device_tensor);
   // The neuron storage a host storage of this set stands for, or null.
-  const c10::Storage* device_storage_for(const c10::StorageImpl* host_storage) const;
-  const c10::Storage* host_storage_for(const c10::StorageImpl* device_storage) const;
+  c10::StorageImpl* device_storage_for(const c10::StorageImpl* host_storage) const;
+  c10::StorageImpl* host_storage_for(const c10::StorageImpl* device_storage) const;
 
  private:
-  c10::SmallVector<std::pair<c10::Storage, c10::Storage>, 4> storages_;  // (device, host)
+  // (device, host) storages, owned: a boxed caller's stack may have held the last reference
+  // to an argument, which the executor replaces by its alias.
+  c10::SmallVector<std::pair<c10::Storage, c10::Storage>, 4> storages_;
   c10::SmallVector<at::Tensor, 4> created_;  // aliases made by this set, for recycling
+  // This thread's pool of recyclable aliases, looked up once per set (a TLS access each).
+  Pool* pool_ = nullptr;
 };
 
 struct OpCounter;
@@ -55,7 +63,8 @@ class ResultAdopter {
   const HostAliasSet& aliases_;
   c10::DeviceIndex device_;
   OpCounter* counter_;
-  c10::SmallVector<std::pair<c10::StorageImpl*, c10::Storage>, 4> adopted_;
+  // (host storage, neuron storage) of results adopted so far; the results hold both.
+  c10::SmallVector<std::pair<c10::StorageImpl*, c10::StorageImpl*>, 4> adopted_;
 };
 
 // A neuron tensor with `storage` and the geometry (and conj/neg bits) of `like`.

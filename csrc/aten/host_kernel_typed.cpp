@@ -12,6 +12,7 @@
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "allocation_redirect.h"
 #include "device_activity.h"
@@ -21,6 +22,15 @@
 
 namespace torchneuron {
 namespace {
+
+// The host form of a tensor list argument (cat, stack): owns the aliases and converts to
+// the list reference the CPU kernel takes.
+struct HostTensorList {
+  std::vector<at::Tensor> tensors;
+  operator at::ITensorListRef() const {
+    return at::ITensorListRef(at::ArrayRef<at::Tensor>(tensors));
+  }  // NOLINT
+};
 
 // One call's device, aliases and argument checks.
 class TypedCall {
@@ -34,6 +44,8 @@ class TypedCall {
       visit_tensor(value);
     } else if constexpr (std::is_same_v<Plain, std::optional<at::Tensor>>) {
       if (value.has_value()) visit_tensor(*value);
+    } else if constexpr (std::is_same_v<Plain, at::ITensorListRef>) {
+      for (const at::Tensor& t : value) visit_tensor(t);
     }
   }
 
@@ -46,6 +58,13 @@ class TypedCall {
     } else if constexpr (std::is_same_v<Plain, std::optional<at::Tensor>>) {
       if (!value.has_value() || !is_device_tensor(*value)) return std::optional<at::Tensor>(value);
       return std::optional<at::Tensor>(aliases_.alias(*value));
+    } else if constexpr (std::is_same_v<Plain, at::ITensorListRef>) {
+      HostTensorList list;
+      list.tensors.reserve(value.size());
+      for (const at::Tensor& t : value) {
+        list.tensors.push_back(is_device_tensor(t) ? aliases_.alias(t) : t);
+      }
+      return list;
     } else {
       return std::forward<T>(value);
     }
@@ -77,6 +96,10 @@ struct HostArg<at::Tensor&> {
 template <>
 struct HostArg<const std::optional<at::Tensor>&> {
   using type = std::optional<at::Tensor>;
+};
+template <>
+struct HostArg<const at::ITensorListRef&> {
+  using type = HostTensorList;
 };
 
 template <class T>
@@ -214,6 +237,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   register_typed<at::_ops::sum_dim_IntList>(m);
   register_typed<at::_ops::mean_dim>(m);
   register_typed<at::_ops::argmax>(m);
+  // Joining and gathering: KV-cache appends, rotary halves, embedding lookups.
+  register_typed<at::_ops::cat>(m);
+  register_typed<at::_ops::index_select>(m);
 }
 
 }  // namespace torchneuron
