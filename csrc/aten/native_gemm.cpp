@@ -7,9 +7,9 @@
 // The same kernels back torchneuron::native_mm / native_addmm / native_bmm, custom ops with
 // CPU kernels that the neuron compile backend puts in place of aten.mm/addmm/bmm: compiled
 // graphs run on the host over aliases of device memory, so their matmuls are CPU calls.
+#include <ATen/ExpandUtils.h>
 #include <ATen/Functions.h>
 #include <ATen/Operators.h>
-#include <ATen/ExpandUtils.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
@@ -19,6 +19,7 @@
 #include "allocation_redirect.h"
 #include "device_activity.h"
 #include "device_placement.h"
+#include "fma_peak.h"
 #include "gemm.h"
 #include "host_alias.h"
 #include "native_kernels_switch.h"
@@ -238,6 +239,10 @@ TORCH_LIBRARY(torchneuron, m) {
       "-> Tensor");
   // How many products the native GEMM computed in this process (tests, benchmarks).
   m.def("native_gemm_calls() -> int", [] { return native_gemm_calls.load(); });
+  // One core's measured multiply-add peak (flop/s) at the kernels' ISA (benchmarks/gemm.py).
+  m.def("fma_peak_flops(bool bf16, int iterations) -> float", [](bool bf16, int64_t iterations) {
+    return neuron::kernels::fma_peak_flops(bf16, neuron::kernels::isa_level(), iterations);
+  });
 }
 
 TORCH_LIBRARY_IMPL(torchneuron, CPU, m) {

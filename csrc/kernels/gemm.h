@@ -34,8 +34,9 @@ struct GemmProblem {
   MatrixRef a;                            // m × k
   MatrixRef b;                            // k × n
   MatrixRef bias;                         // m × n, read only when bias.data is set
-  void* c = nullptr;                      // m × n, columns contiguous
+  void* c = nullptr;                      // m × n
   int64_t c_row_stride = 0;
+  int64_t c_col_stride = 1;
   int64_t c_batch_stride = 0;
   float alpha = 1.0f;
   float beta = 1.0f;

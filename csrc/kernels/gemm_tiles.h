@@ -34,8 +34,8 @@ struct GemmTiles {
   static constexpr int W = V::kWidth;
   static constexpr int NR = 2 * W;
   static constexpr int64_t KC = 256;
-  static constexpr int64_t MC = MR * 16;
-  static constexpr int64_t NC = NR * 8;
+  static constexpr int64_t MC = MR * 32;
+  static constexpr int64_t NC = NR * 16;
   static constexpr int64_t kGemvMaxRows = 8;
 
   struct Scratch {
@@ -48,7 +48,7 @@ struct GemmTiles {
                             float acc) {
     float v = p.alpha == 1.0f ? acc : p.alpha * acc;
     if (bias != nullptr) v += p.beta * to_f32(bias[i * p.bias.row_stride + j * p.bias.col_stride]);
-    store_as(out + i * p.c_row_stride + j, v);
+    store_as(out + i * p.c_row_stride + j * p.c_col_stride, v);
   }
 
   // A's rows [0, mc) × columns [0, kc) into MR-row panels, k-major within a panel.
@@ -99,23 +99,30 @@ struct GemmTiles {
     }
   }
 
-  // c[MR × NR] (+)= packed A panel · packed B panel over kc.
-  static void micro_kernel(const float* ap, const float* bp, int64_t kc, float* c, int64_t ldc,
-                           bool accumulate) {
+  // c[MR × NR] (+)= A rows · B columns over kc. A element (i, k) is at a[i·a_rs + k·a_ks]
+  // (a packed panel: 1, MR; a row-major A read in place: lda, 1); B's NR columns at k
+  // start at b + k·b_ks (packed: NR; a row-major B read in place: ldb).
+  template <class EA, class EB>
+  static void micro_kernel(const EA* a, int64_t a_rs, int64_t a_ks, const EB* b, int64_t b_ks,
+                           int64_t kc, float* c, int64_t ldc, bool accumulate) {
     typename V::Reg acc[MR][2];
+    const EA* rows[MR];
 #pragma GCC unroll 16
-    for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = V::zero();
+    for (int i = 0; i < MR; ++i) {
+      acc[i][0] = acc[i][1] = V::zero();
+      rows[i] = a + i * a_rs;
+    }
     for (int64_t k = 0; k < kc; ++k) {
-      const typename V::Reg b0 = V::load(bp);
-      const typename V::Reg b1 = V::load(bp + W);
+      const typename V::Reg b0 = V::load(b);
+      const typename V::Reg b1 = V::load(b + W);
 #pragma GCC unroll 16
       for (int i = 0; i < MR; ++i) {
-        const typename V::Reg a = V::set1(ap[i]);
-        acc[i][0] = V::fma(a, b0, acc[i][0]);
-        acc[i][1] = V::fma(a, b1, acc[i][1]);
+        const typename V::Reg av = V::set1(to_f32(*rows[i]));
+        rows[i] += a_ks;
+        acc[i][0] = V::fma(av, b0, acc[i][0]);
+        acc[i][1] = V::fma(av, b1, acc[i][1]);
       }
-      ap += MR;
-      bp += NR;
+      b += b_ks;
     }
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
@@ -129,28 +136,50 @@ struct GemmTiles {
     }
   }
 
+  // A row-major (k contiguous) is read in place but for a partial last row panel; B
+  // row-major (columns contiguous) is read in place when the tile has whole NR panels.
+  // Everything else is packed (and widened) first.
   template <class E>
   static void packed_tile(const GemmProblem& p, int64_t batch, int64_t i0, int64_t j0, Scratch& s) {
     const int64_t mc = std::min(MC, p.m - i0), nc = std::min(NC, p.n - j0);
     const int64_t mcp = round_up(mc, MR), ncp = round_up(nc, NR);
+    const int64_t lda = p.a.row_stride, ldb = p.b.row_stride;
+    const bool a_direct = p.a.col_stride == 1, b_direct = p.b.col_stride == 1 && nc % NR == 0;
+    const int64_t a_full = a_direct ? mc - mc % MR : 0;  // rows read in place
     s.a.resize(mcp * KC);
     s.b.resize(ncp * KC);
     s.c.assign(mcp * ncp, 0.0f);
-    const E* a = static_cast<const E*>(p.a.data) + batch * p.a.batch_stride + i0 * p.a.row_stride;
+    const E* a = static_cast<const E*>(p.a.data) + batch * p.a.batch_stride + i0 * lda;
     const E* b = static_cast<const E*>(p.b.data) + batch * p.b.batch_stride + j0 * p.b.col_stride;
     for (int64_t p0 = 0; p0 < p.k; p0 += KC) {
       const int64_t kc = std::min(KC, p.k - p0);
-      pack_a(a + p0 * p.a.col_stride, p.a.row_stride, p.a.col_stride, mc, kc, s.a.data());
-      pack_b(b + p0 * p.b.row_stride, p.b.row_stride, p.b.col_stride, kc, nc, s.b.data());
+      const E* a_k = a + p0 * p.a.col_stride;
+      const E* b_k = b + p0 * ldb;
+      if (a_full < mc) {
+        pack_a(a_k + a_full * lda, lda, p.a.col_stride, mc - a_full, kc, s.a.data() + a_full * kc);
+      }
+      if (!b_direct) pack_b(b_k, ldb, p.b.col_stride, kc, nc, s.b.data());
       for (int64_t jr = 0; jr < ncp; jr += NR) {
         for (int64_t ir = 0; ir < mcp; ir += MR) {
-          micro_kernel(s.a.data() + ir * kc, s.b.data() + jr * kc, kc, s.c.data() + ir * ncp + jr,
-                       ncp, p0 > 0);
+          float* c = s.c.data() + ir * ncp + jr;
+          const bool acc = p0 > 0;
+          if (ir < a_full) {
+            if (b_direct) {
+              micro_kernel(a_k + ir * lda, lda, 1, b_k + jr, ldb, kc, c, ncp, acc);
+            } else {
+              micro_kernel(a_k + ir * lda, lda, 1, s.b.data() + jr * kc, NR, kc, c, ncp, acc);
+            }
+          } else if (b_direct) {
+            micro_kernel(s.a.data() + ir * kc, 1, MR, b_k + jr, ldb, kc, c, ncp, acc);
+          } else {
+            micro_kernel(s.a.data() + ir * kc, 1, MR, s.b.data() + jr * kc, NR, kc, c, ncp, acc);
+          }
         }
       }
     }
     const E* bias = bias_of<E>(p, batch, i0, j0);
-    E* out = static_cast<E*>(p.c) + batch * p.c_batch_stride + i0 * p.c_row_stride + j0;
+    E* out =
+        static_cast<E*>(p.c) + batch * p.c_batch_stride + i0 * p.c_row_stride + j0 * p.c_col_stride;
     for (int64_t i = 0; i < mc; ++i) {
       for (int64_t j = 0; j < nc; ++j) finish(p, bias, out, i, j, s.c[i * ncp + j]);
     }
@@ -257,6 +286,11 @@ struct GemmTiles {
 
   template <class E>
   static void packed(const GemmProblem& p, const ParallelFor& par) {
+    if (should_transpose(p)) {
+      const GemmProblem t = transposed(p);
+      packed<E>(t, par);
+      return;
+    }
     const int64_t mt = (p.m + MC - 1) / MC, nt = (p.n + NC - 1) / NC;
     par.run(p.batch * mt * nt, [&](int64_t begin, int64_t end) {
       static thread_local Scratch scratch;
@@ -265,6 +299,25 @@ struct GemmTiles {
         packed_tile<E>(p, batch, (rest / nt) * MC, (rest % nt) * NC, scratch);
       }
     });
+  }
+
+  // B = Wᵀ (W row-major) with fewer rows of A than columns of B, e.g. a linear layer's
+  // forward at prefill sizes: computing Cᵀ = Bᵀ·Aᵀ reads W in place and packs only the
+  // smaller activation matrix.
+  static bool should_transpose(const GemmProblem& p) {
+    return p.b.col_stride != 1 && p.b.row_stride == 1 && p.a.col_stride == 1 && p.m < p.n;
+  }
+
+  static GemmProblem transposed(const GemmProblem& p) {
+    GemmProblem t = p;
+    t.m = p.n;
+    t.n = p.m;
+    t.a = {p.b.data, p.b.col_stride, p.b.row_stride, p.b.batch_stride};
+    t.b = {p.a.data, p.a.col_stride, p.a.row_stride, p.a.batch_stride};
+    t.bias = {p.bias.data, p.bias.col_stride, p.bias.row_stride, p.bias.batch_stride};
+    t.c_row_stride = p.c_col_stride;
+    t.c_col_stride = p.c_row_stride;
+    return t;
   }
 
   template <class E>
