@@ -12,7 +12,8 @@ import pytest
 import torch
 from conftest import run_python
 
-from torchneuron.native_gemm import native_gemm_calls, native_kernels_enabled
+import torchneuron
+from torchneuron.native_gemm import native_gemm_calls, native_gemm_preferred, native_kernels_enabled
 
 DEV = "neuron"
 DTYPES = (torch.float32, torch.bfloat16)
@@ -30,6 +31,12 @@ def tolerances(dtype: torch.dtype, k: int) -> dict[str, float]:
 def close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, k: int) -> None:
     assert got.device.type == DEV and got.dtype == want.dtype and got.shape == want.shape
     torch.testing.assert_close(got.cpu(), want, **tolerances(dtype, k))
+
+
+def takes(dtype: torch.dtype, rows: int) -> int:
+    """1 if a product with `rows` output rows runs the native GEMM on this host, else 0: bf16
+    products above decode sizes go to oneDNN on hosts with native bf16 (gemm_preferred)."""
+    return int(native_gemm_preferred(dtype, rows))
 
 
 def counted(expected_native: int):
@@ -53,7 +60,7 @@ def test_linear_transposes_match_cpu(dtype: torch.dtype, shape: tuple[int, int, 
     m, n, k = shape
     x, w, dy = torch.randn(m, k).to(dtype), torch.randn(n, k).to(dtype), torch.randn(m, n).to(dtype)
     xd, wd, dyd = x.to(DEV), w.to(DEV), dy.to(DEV)
-    with counted(3):
+    with counted(2 * takes(dtype, m) + takes(dtype, n)):
         forward = xd @ wd.t()  # Y = X·Wᵀ
         grad_input = dyd @ wd  # dY·W
         grad_weight = dyd.t() @ xd  # dYᵀ·X
@@ -69,7 +76,7 @@ def test_addmm_bias_forms_and_scalars(dtype: torch.dtype) -> None:
     for bias in (torch.randn(n), torch.randn(m, n), torch.randn(m, 1), torch.randn(1, n)):
         bias = bias.to(dtype)
         for beta, alpha in ((1, 1), (0.5, -2.0), (0, 1)):
-            with counted(1):
+            with counted(takes(dtype, m)):
                 got = torch.addmm(bias.to(DEV), a.to(DEV), b.to(DEV), beta=beta, alpha=alpha)
             close(got, torch.addmm(bias, a, b, beta=beta, alpha=alpha), dtype, k)
     # beta=0 ignores the bias entirely, NaNs included, as on the CPU.
@@ -81,13 +88,24 @@ def test_addmm_bias_forms_and_scalars(dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_bmm_and_strided_views(dtype: torch.dtype) -> None:
     a, b = torch.randn(3, 17, 40).to(dtype), torch.randn(3, 33, 40).to(dtype)
-    with counted(2):
+    with counted(takes(dtype, 17) + takes(dtype, 9)):
         got = torch.bmm(a.to(DEV), b.to(DEV).transpose(1, 2))
         # A column slice: row stride wider than k.
         sliced = torch.randn(9, 80).to(dtype)
         got_slice = sliced.to(DEV)[:, 5:45] @ b[0].to(DEV).t()
     close(got, torch.bmm(a, b.transpose(1, 2)), dtype, 40)
     close(got_slice, sliced[:, 5:45] @ b[0].t(), dtype, 40)
+
+
+def test_preference_policy() -> None:
+    # Decode sizes and float32 always take the native GEMM; bf16 above decode sizes only on
+    # hosts without native bf16 (the policy benchmarks/gemm.py measured).
+    isa = torchneuron._C._kernel_isa()["isa"]
+    on = native_kernels_enabled()
+    assert native_gemm_preferred(torch.float32, 4096) == on
+    assert native_gemm_preferred(torch.bfloat16, 8) == on
+    assert native_gemm_preferred(torch.bfloat16, 64) == (on and isa in ("scalar", "avx2", "avx512"))
+    assert not native_gemm_preferred(torch.float16, 1)
 
 
 def test_empty_and_zero_k() -> None:

@@ -2,7 +2,8 @@
 
 Graphs compiled by the neuron backend are Inductor CPU code run over host aliases of neuron
 memory, so their matmuls would call the CPU's ``aten.mm``. :func:`use_native_gemm` retargets
-float32/bfloat16 ``aten.mm``/``addmm``/``bmm`` nodes of an ATen graph to the custom ops
+an ATen graph's float32/bfloat16 ``aten.mm``/``addmm``/``bmm`` nodes that the native GEMM is
+preferred for (:func:`native_gemm_preferred`) to the custom ops
 ``torchneuron::native_mm``/``native_addmm``/``native_bmm`` (C++, csrc/aten/native_gemm.cpp),
 which Inductor calls as extern kernels. ``TORCHNEURON_NATIVE_KERNELS=0`` leaves graphs alone.
 """
@@ -24,6 +25,12 @@ _NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 def native_kernels_enabled() -> bool:
     """False when TORCHNEURON_NATIVE_KERNELS=0 (read once, as the C++ side does)."""
     return os.environ.get("TORCHNEURON_NATIVE_KERNELS") != "0"
+
+
+def native_gemm_preferred(dtype: torch.dtype, rows: int) -> bool:
+    """Whether a product of ``rows`` output rows in ``dtype`` runs the native GEMM here (else
+    PyTorch's CPU kernel, oneDNN: see gemm_preferred in csrc/kernels/gemm.h)."""
+    return bool(torch.ops.torchneuron.native_gemm_preferred(dtype, rows))
 
 
 def native_gemm_calls() -> int:
@@ -73,6 +80,8 @@ def use_native_gemm(gm: torch.fx.GraphModule) -> int:
             continue
         value = node.meta.get("val")
         if not isinstance(value, torch.Tensor) or value.dtype not in _NATIVE_DTYPES:
+            continue
+        if not native_gemm_preferred(value.dtype, int(value.shape[-2])):
             continue
         node.target = replacements[node.target]
         replaced += 1

@@ -9,7 +9,7 @@
 
 namespace neuron::kernels {
 
-// Floating-point operations per second (a multiply-add counts two) on the calling thread,
+// Floating-point operations per CPU-second of the calling thread (a multiply-add counts two),
 // for float32 or bf16 inputs at `level` (capped at what the host has), over `iterations`
 // rounds of the loop. Without native bf16 dot products, bf16's peak is float32's.
 double fma_peak_flops(bool bf16, IsaLevel level, int64_t iterations);

@@ -2,6 +2,7 @@
 // (scalar) build of the algorithm in gemm_tiles.h.
 #include "gemm.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -84,6 +85,11 @@ void gemm(const GemmProblem& problem, const ParallelFor& parallel, IsaLevel leve
     default:
       detail::gemm_scalar(problem, parallel);
   }
+}
+
+bool gemm_preferred(GemmDtype dtype, int64_t m, IsaLevel level) {
+  if (dtype != GemmDtype::kBFloat16 || m <= 8) return true;
+  return std::min(level, host_best()) < IsaLevel::kAvx512Bf16;
 }
 
 void gemm(const GemmProblem& problem, const ParallelFor& parallel) {

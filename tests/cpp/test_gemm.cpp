@@ -142,10 +142,10 @@ void run_case(const Case& c, nk::GemmDtype dtype, nk::IsaLevel level, const nk::
 
 std::vector<Case> cases() {
   std::vector<Case> out;
-  const int64_t shapes[][3] = {{1, 1, 1},    {1, 37, 19},  {1, 64, 768},    {2, 33, 17},
-                               {3, 5, 40},   {4, 130, 33}, {8, 9, 600},     {9, 71, 300},
-                               {17, 3, 257}, {67, 45, 31}, {40, 96, 70}, {130, 290, 270}, {5, 0, 3},
-                               {6, 7, 0}};
+  const int64_t shapes[][3] = {{1, 1, 1},    {1, 37, 19},  {1, 64, 768}, {2, 33, 17},
+                               {3, 5, 40},   {4, 130, 33}, {8, 9, 600},  {9, 71, 300},
+                               {17, 3, 257}, {67, 45, 31}, {40, 96, 70}, {130, 290, 270},
+                               {5, 0, 3},    {6, 7, 0}};
   for (const auto& s : shapes) {
     for (Layout al : {Layout::kRowMajor, Layout::kTransposed}) {
       for (Layout bl : {Layout::kRowMajor, Layout::kTransposed}) {
@@ -202,4 +202,14 @@ TEST(Gemm, RejectsBadArguments) {
   p.n = 2;
   p.k = 2;
   EXPECT_THROW(nk::gemm(p, nk::serial_for()), std::invalid_argument);
+}
+
+TEST(Gemm, PreferenceFollowsTheHostsBf16Support) {
+  using nk::GemmDtype;
+  using nk::IsaLevel;
+  for (IsaLevel level : host_levels()) {
+    EXPECT_TRUE(nk::gemm_preferred(GemmDtype::kFloat32, 4096, level));
+    EXPECT_TRUE(nk::gemm_preferred(GemmDtype::kBFloat16, 8, level));
+    EXPECT_EQ(nk::gemm_preferred(GemmDtype::kBFloat16, 9, level), level < IsaLevel::kAvx512Bf16);
+  }
 }
