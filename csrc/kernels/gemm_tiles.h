@@ -205,7 +205,12 @@ struct GemmTiles {
     for (; kk + W <= k; kk += W) {
       typename V::Reg wv[ROWS];
 #pragma GCC unroll 8
-      for (int q = 0; q < ROWS; ++q) wv[q] = V::load(w + q * w_stride + kk);
+      for (int q = 0; q < ROWS; ++q) {
+        // The next ROWS rows, one block ahead: more memory requests in flight than the
+        // hardware prefetcher starts by itself on short rows.
+        __builtin_prefetch(w + (q + ROWS) * w_stride + kk);
+        wv[q] = V::load(w + q * w_stride + kk);
+      }
 #pragma GCC unroll 16
       for (int r = 0; r < MB; ++r) {
         const typename V::Reg xv = V::load(x + r * k + kk);
@@ -226,7 +231,7 @@ struct GemmTiles {
   template <class E, int MB>
   static void gemv_columns(const GemmProblem& p, int64_t batch, const float* x, int64_t rows,
                            int64_t j0, int64_t j1) {
-    constexpr int kRows = 4;
+    constexpr int kRows = MB <= 2 && V::kRegisters >= 32 ? 8 : 4;  // rows of W per pass
     const E* w = static_cast<const E*>(p.b.data) + batch * p.b.batch_stride;
     const E* bias = bias_of<E>(p, batch, 0, 0);
     E* out = static_cast<E*>(p.c) + batch * p.c_batch_stride;
@@ -255,7 +260,7 @@ struct GemmTiles {
     // Column chunks: a few per thread so uneven threads even out, each a multiple of 4 rows of W.
     const int64_t chunks_per_batch =
         std::max<int64_t>(1, std::min<int64_t>((p.n + 63) / 64, int64_t{par.threads} * 4));
-    const int64_t chunk = round_up((p.n + chunks_per_batch - 1) / chunks_per_batch, 4);
+    const int64_t chunk = round_up((p.n + chunks_per_batch - 1) / chunks_per_batch, 8);
     const int64_t per_batch = (p.n + chunk - 1) / chunk;
     par.run(p.batch * per_batch, [&](int64_t begin, int64_t end) {
       static thread_local std::vector<float> x;
