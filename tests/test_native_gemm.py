@@ -108,6 +108,18 @@ def test_preference_policy() -> None:
     assert not native_gemm_preferred(torch.float16, 1)
 
 
+def test_ops_are_counted_under_their_names() -> None:
+    # Regression: one shared counter once charged every product to the first op's name.
+    a = torch.randn(3, 4, device=DEV)
+    torch.neuron.clear_op_tracking()
+    a @ a.t()
+    torch.addmm(torch.randn(3, device=DEV), a, a.t())
+    torch.addmm(torch.randn(3, device=DEV), a, a.t())
+    torch.bmm(a[None], a.t()[None])
+    executed = torch.neuron.get_executed_ops()
+    assert (executed["aten::mm"], executed["aten::addmm"], executed["aten::bmm"]) == (1, 2, 1)
+
+
 def test_empty_and_zero_k() -> None:
     a, b = torch.randn(4, 0), torch.randn(0, 6)
     got = a.to(DEV) @ b.to(DEV)

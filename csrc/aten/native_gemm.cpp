@@ -133,10 +133,9 @@ at::Tensor on_host(const char* name, const Args&... args) {
   return adopter.adopt(std::move(result));
 }
 
-at::Tensor native_product(const char* name, const at::Tensor& a, const at::Tensor& b,
-                          const std::vector<int64_t>& shape, const at::Tensor* bias, float alpha,
-                          float beta) {
-  static OpCounter& counter = op_counter_named(name);
+at::Tensor native_product(const char* name, OpCounter& counter, const at::Tensor& a,
+                          const at::Tensor& b, const std::vector<int64_t>& shape,
+                          const at::Tensor* bias, float alpha, float beta) {
   at::Tensor out = at::empty(shape, a.options());
   {
     const DeviceActivitySpan span(DeviceActivityKind::kKernel, name, a.device().index());
@@ -149,13 +148,15 @@ at::Tensor native_product(const char* name, const at::Tensor& a, const at::Tenso
 at::Tensor neuron_mm(const at::Tensor& self, const at::Tensor& mat2) {
   const auto shape = native_shape(self, mat2, 2);
   if (!shape) return on_host<at::_ops::mm>("aten::mm", self, mat2);
-  return native_product("aten::mm", self, mat2, *shape, nullptr, 1.0f, 0.0f);
+  static OpCounter& counter = op_counter_named("aten::mm");
+  return native_product("aten::mm", counter, self, mat2, *shape, nullptr, 1.0f, 0.0f);
 }
 
 at::Tensor neuron_bmm(const at::Tensor& self, const at::Tensor& mat2) {
   const auto shape = native_shape(self, mat2, 3);
   if (!shape) return on_host<at::_ops::bmm>("aten::bmm", self, mat2);
-  return native_product("aten::bmm", self, mat2, *shape, nullptr, 1.0f, 0.0f);
+  static OpCounter& counter = op_counter_named("aten::bmm");
+  return native_product("aten::bmm", counter, self, mat2, *shape, nullptr, 1.0f, 0.0f);
 }
 
 // addmm's bias broadcast to the product's shape (a view), or nullopt if it cannot be read.
@@ -185,7 +186,8 @@ at::Tensor neuron_addmm(const at::Tensor& self, const at::Tensor& mat1, const at
     }
   }
   if (!bias) return on_host<at::_ops::addmm>("aten::addmm", self, mat1, mat2, beta, alpha);
-  return native_product("aten::addmm", mat1, mat2, *shape, &*bias, alpha.to<float>(),
+  static OpCounter& counter = op_counter_named("aten::addmm");
+  return native_product("aten::addmm", counter, mat1, mat2, *shape, &*bias, alpha.to<float>(),
                         beta.to<float>());
 }
 
