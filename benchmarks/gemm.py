@@ -7,8 +7,9 @@ grad_weight dYᵀ·X, at the shapes of a ~100M Llama (hidden 768, intermediate 2
 and bfloat16. Neuron and CPU blocks alternate (medians); the peak is one core's measured
 multiply-add rate at the kernels' instruction set (torchneuron::fma_peak_flops: an FMA or
 vdpbf16ps loop with no memory traffic). The host is shared, so rates are flop per CPU-second
-per thread (process CPU time / threads: time given to other processes does not count;
-OpenMP threads spinning idle do); the wall-clock ratio is printed beside it.
+of the process (all threads: time given to other processes does not count, OpenMP threads
+spinning idle do), i.e. per-core efficiency, compared with one core's peak; the wall-clock
+ratio is printed beside it.
 
     python benchmarks/gemm.py                # all shapes, 1 thread (a few minutes)
     python benchmarks/gemm.py --threads 2
@@ -128,7 +129,7 @@ def time_blocks(fns: dict[str, Op], iterations: int, rounds: int) -> dict[str, t
 def measure(
     kind: str, m: int, layer: Layer, dtype: torch.dtype, quick: bool
 ) -> dict[str, tuple[float, float]]:
-    """{side: (flop per CPU-second per thread, flop per wall-second)} of one product."""
+    """{side: (flop per CPU-second, flop per wall-second)} of one product."""
     a_cpu, b_cpu = operands(kind, m, layer, dtype, "cpu")
     a_dev, b_dev = operands(kind, m, layer, dtype, "neuron")
     fns = {
@@ -142,8 +143,7 @@ def measure(
     with gc_paused():
         times = time_blocks(fns, iterations, rounds=3 if quick else 5)
     flops = flops_of(a_cpu, b_cpu)
-    threads = torch.get_num_threads()
-    return {side: (flops / (c / threads), flops / w) for side, (c, w) in times.items()}
+    return {side: (flops / c, flops / w) for side, (c, w) in times.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
