@@ -14,6 +14,7 @@ ratio is printed beside it.
     python benchmarks/gemm.py                # all shapes, 1 thread (a few minutes)
     python benchmarks/gemm.py --threads 2
     python benchmarks/gemm.py --quick        # 100M shapes, M <= 512
+    python benchmarks/gemm.py --quick --max-m 64   # also skip M above 64
 
 Trimmed to keep a run to minutes: M=4096 runs only the 100M model's attention and MLP
 layers (its LM head alone is 0.2 TFLOP per product), and the 1B LM head only M <= 64.
@@ -147,6 +148,12 @@ def measure(
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    max_m = 4096  # --max-m N: skip larger M (e.g. where CPU eager bf16 takes seconds a call)
+    if "--max-m" in argv:
+        at = argv.index("--max-m")
+        max_m = int(argv[at + 1])
+        del argv[at : at + 2]
     args = parse_and_start(
         "native GEMM vs CPU eager vs the host's peak",
         "100M shapes only, M <= 512",
@@ -173,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     calls_before = native_gemm_calls()
     for layer in layers(args.quick):
         for m in (1, 64, 512, 4096):
-            if m > layer.largest_m:
+            if m > min(layer.largest_m, max_m):
                 continue
             for kind in ("fwd",) if m == 1 else ("fwd", "dgrad", "wgrad"):
                 for name, dtype in DTYPES.items():
