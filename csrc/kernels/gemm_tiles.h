@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "gemm.h"
@@ -149,6 +150,15 @@ struct GemmTiles {
     s.a.resize(mcp * KC);
     s.b.resize(ncp * KC);
     s.c.assign(mcp * ncp, 0.0f);
+    const E* bias = bias_of<E>(p, batch, i0, j0);
+    E* out =
+        static_cast<E*>(p.c) + batch * p.c_batch_stride + i0 * p.c_row_stride + j0 * p.c_col_stride;
+    // A float32 result with nothing to add or scale accumulates in the output itself (whole
+    // register tiles), skipping the staging tile; short-k products (a weight gradient over
+    // few tokens) are otherwise dominated by that extra pass.
+    const bool direct_out = std::is_same_v<E, float> && p.k > 0 && bias == nullptr &&
+                            p.alpha == 1.0f && p.c_col_stride == 1;
+    const int64_t mc_full = mc - mc % MR, nc_full = nc - nc % NR;
     const E* a = static_cast<const E*>(p.a.data) + batch * p.a.batch_stride + i0 * lda;
     const E* b = static_cast<const E*>(p.b.data) + batch * p.b.batch_stride + j0 * p.b.col_stride;
     for (int64_t p0 = 0; p0 < p.k; p0 += KC) {
@@ -161,27 +171,30 @@ struct GemmTiles {
       if (!b_direct) pack_b(b_k, ldb, p.b.col_stride, kc, nc, s.b.data());
       for (int64_t jr = 0; jr < ncp; jr += NR) {
         for (int64_t ir = 0; ir < mcp; ir += MR) {
-          float* c = s.c.data() + ir * ncp + jr;
+          const bool in_place = direct_out && ir < mc_full && jr < nc_full;
+          float* c = in_place ? reinterpret_cast<float*>(out) + ir * p.c_row_stride + jr
+                              : s.c.data() + ir * ncp + jr;
+          const int64_t ldc = in_place ? p.c_row_stride : ncp;
           const bool acc = p0 > 0;
           if (ir < a_full) {
             if (b_direct) {
-              micro_kernel(a_k + ir * lda, lda, 1, b_k + jr, ldb, kc, c, ncp, acc);
+              micro_kernel(a_k + ir * lda, lda, 1, b_k + jr, ldb, kc, c, ldc, acc);
             } else {
-              micro_kernel(a_k + ir * lda, lda, 1, s.b.data() + jr * kc, NR, kc, c, ncp, acc);
+              micro_kernel(a_k + ir * lda, lda, 1, s.b.data() + jr * kc, NR, kc, c, ldc, acc);
             }
           } else if (b_direct) {
-            micro_kernel(s.a.data() + ir * kc, 1, MR, b_k + jr, ldb, kc, c, ncp, acc);
+            micro_kernel(s.a.data() + ir * kc, 1, MR, b_k + jr, ldb, kc, c, ldc, acc);
           } else {
-            micro_kernel(s.a.data() + ir * kc, 1, MR, s.b.data() + jr * kc, NR, kc, c, ncp, acc);
+            micro_kernel(s.a.data() + ir * kc, 1, MR, s.b.data() + jr * kc, NR, kc, c, ldc, acc);
           }
         }
       }
     }
-    const E* bias = bias_of<E>(p, batch, i0, j0);
-    E* out =
-        static_cast<E*>(p.c) + batch * p.c_batch_stride + i0 * p.c_row_stride + j0 * p.c_col_stride;
     for (int64_t i = 0; i < mc; ++i) {
-      for (int64_t j = 0; j < nc; ++j) finish(p, bias, out, i, j, s.c[i * ncp + j]);
+      for (int64_t j = 0; j < nc; ++j) {
+        if (direct_out && i < mc_full && j < nc_full) continue;  // already in place
+        finish(p, bias, out, i, j, s.c[i * ncp + j]);
+      }
     }
   }
 
