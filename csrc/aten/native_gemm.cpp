@@ -22,7 +22,7 @@
 #include "fma_peak.h"
 #include "gemm.h"
 #include "host_alias.h"
-#include "native_kernels_switch.h"
+#include "native_kernels.h"
 #include "op_tracking.h"
 
 namespace torchneuron {
@@ -234,7 +234,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("addmm", TORCH_FN(neuron_addmm));
 }
 
-TORCH_LIBRARY(torchneuron, m) {
+TORCH_LIBRARY_FRAGMENT(torchneuron, m) {
   m.def("native_mm(Tensor self, Tensor mat2) -> Tensor");
   m.def("native_bmm(Tensor self, Tensor mat2) -> Tensor");
   m.def(
