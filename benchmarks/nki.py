@@ -4,6 +4,7 @@ on the CPU, at about 1e6 elements.  Run: python -m benchmarks.nki [--repeat N]""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -82,36 +83,55 @@ def _cases():
     ]
 
 
+def _with_mode(mode, fn):
+    """fn run with TORCHNEURON_NKI_ROW_PROGRAMS=mode (the kernel cache keys on the mode)."""
+
+    def run():
+        previous = os.environ.get("TORCHNEURON_NKI_ROW_PROGRAMS")
+        os.environ["TORCHNEURON_NKI_ROW_PROGRAMS"] = mode
+        try:
+            return fn()
+        finally:
+            if previous is None:
+                del os.environ["TORCHNEURON_NKI_ROW_PROGRAMS"]
+            else:
+                os.environ["TORCHNEURON_NKI_ROW_PROGRAMS"] = previous
+
+    return run
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=9)
     args = parser.parse_args()
+    import torchneuron
+
+    host = torchneuron._C._kernel_isa()
     threads = torch.get_num_threads()
+    print(f"CPU: {host['model']}, ISA {host['isa']}; load average {os.getloadavg()[0]:.2f}")
     print(f"torch threads: {threads} (kernels run single-threaded; eager-1t is eager on 1 thread)")
-    header = ("kernel", "compiled ms", "interp ms", "eager ms", "eager-1t ms", "comp/eager")
-    print(
-        f"{header[0]:36} {header[1]:>12} {header[2]:>10} {header[3]:>9} {header[4]:>12} "
-        f"{header[5]:>11}"
-    )
+    print("compiled = default (C++ row programs + numpy/torch.mm); numpy = the numpy program")
+    header = ("kernel", "compiled", "numpy", "interp", "eager", "eager-1t", "c/eager", "c/eager-1t")
+    print(f"{header[0]:36}" + "".join(f"{h:>11}" for h in header[1:]))
     for name, kernel, inputs, eager in _cases():
-        kernel(*inputs)  # trace + compile once
-        compiled, ref, ref1 = _interleaved_best(
-            [
-                lambda kernel=kernel, inputs=inputs: kernel(*inputs),
-                eager,
-                _single_threaded(eager),
-            ],
-            args.repeat,
+        compiled = _with_mode("auto", lambda kernel=kernel, inputs=inputs: kernel(*inputs))
+        numpy_program = _with_mode("never", lambda kernel=kernel, inputs=inputs: kernel(*inputs))
+        compiled()  # trace + compile once per mode
+        numpy_program()
+        best = _interleaved_best(
+            [compiled, numpy_program, eager, _single_threaded(eager)], args.repeat
         )
         (interp,) = _interleaved_best(
             [lambda kernel=kernel, inputs=inputs: kernel.interpret(*inputs)],
             max(1, args.repeat // 3),
         )
-        ratio = compiled / ref
+        ms = [best[0], best[1], interp, best[2], best[3]]
         print(
-            f"{name:36} {compiled * 1e3:12.2f} {interp * 1e3:10.2f} {ref * 1e3:9.2f} "
-            f"{ref1 * 1e3:12.2f} {ratio:10.2f}x"
+            f"{name:36}"
+            + "".join(f"{t * 1e3:11.3f}" for t in ms)
+            + f"{best[0] / best[2]:10.2f}x{best[0] / best[3]:10.2f}x"
         )
+    print(f"load average at end {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,11 @@ bit for bit, except where Diffusers itself takes another path for a "neuron" dev
 such path matters here: Diffusers computes rotary frequencies in float32 instead of
 float64 for neuron (``maybe_adjust_dtype_for_device``: neuron is in its
 ``_FP64_UNSUPPORTED_DEVICES``), which moves FLUX.1 and FLUX.2 outputs (values in [0, 1]) by
-up to ~2.4e-7; those compare with atol 1e-6. Everything else compares exactly.
+up to ~2.4e-7; those compare with atol 1e-6. And softmax and SiLU run our own kernels
+(csrc/kernels/row_kernels.h), which round float32 differently from the CPU's by a few ulps
+(outputs move by up to ~4e-7): so every pipeline's output compares with the CPU's at atol
+1e-6 (or exactly with TORCHNEURON_NATIVE_KERNELS=0). Neuron runs against neuron runs
+(offloading, loading) compare exactly.
 The tensor-parallel tests are in tests/test_diffusers_parallel.py.
 """
 
@@ -20,7 +24,8 @@ from diffusers_fixtures import CASES, build_flux, compiled_vs_eager, flux_inputs
 
 EXACT = {"rtol": 0.0, "atol": 0.0}
 ROPE_FP32 = {"rtol": 0.0, "atol": 1e-6}  # see the module docstring
-TOLERANCE = {name: ROPE_FP32 if name.startswith("flux") else EXACT for name in CASES}
+NATIVE_KERNELS = {"rtol": 0.0, "atol": 1e-6}  # see the module docstring
+TOLERANCE = {name: ROPE_FP32 if name.startswith("flux") else NATIVE_KERNELS for name in CASES}
 
 
 @pytest.fixture(scope="module")

@@ -130,10 +130,20 @@ def test_integer_device_from_diffusers_autodetection_is_neuron():
     assert torch.zeros(2).to(index).device == torch.device("neuron", index)
 
 
+# Softmax and SiLU run our own kernels on neuron for float32 and bfloat16 (rounding a few
+# float32 ulps, or one bfloat16 step, away from the CPU's); float16 runs the CPU's kernels.
+NATIVE_ROUNDING = {
+    torch.float32: {"rtol": 1e-5, "atol": 1e-5},
+    torch.float16: {"rtol": 0.0, "atol": 0.0},
+    torch.bfloat16: {"rtol": 2**-7, "atol": 2e-2},
+}
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_eager_and_sdpa_attention_are_bitwise_cpu(dtype):
-    """Why Transformers' eager-vs-SDPA test needs no neuron tolerances: both paths give the
-    CPU's bits, so their difference on neuron is the CPU's (which the CPU's entry admits)."""
+def test_eager_and_sdpa_attention_match_cpu(dtype):
+    """Why Transformers' eager-vs-SDPA test needs no neuron tolerances of its own: both paths
+    give the CPU's values within the native kernels' rounding, so their difference on neuron
+    is the CPU's within that rounding (the CPU's entry admits far larger gaps)."""
     from transformers import LlamaModel
 
     torch.manual_seed(0)
@@ -151,10 +161,11 @@ def test_eager_and_sdpa_attention_are_bitwise_cpu(dtype):
                     ids.to(device), attention_mask=mask.to(device)
                 )
             outputs[impl, device] = hidden.last_hidden_state.cpu()
+    tolerance = NATIVE_ROUNDING[dtype]
     for impl in ("eager", "sdpa"):
-        assert torch.equal(outputs[impl, "neuron"], outputs[impl, "cpu"]), impl
+        torch.testing.assert_close(outputs[impl, "neuron"], outputs[impl, "cpu"], **tolerance)
     keep = mask.bool()
     gap = {
         d: (outputs["eager", d] - outputs["sdpa", d])[keep].abs().max() for d in ("cpu", "neuron")
     }
-    assert torch.equal(gap["neuron"], gap["cpu"])
+    torch.testing.assert_close(gap["neuron"], gap["cpu"], rtol=0.0, atol=2 * tolerance["atol"])

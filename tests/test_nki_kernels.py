@@ -1,7 +1,10 @@
 """Sample-style NKI kernels (tests/nki_sample_kernels.py) against numpy references, on the
-interpreter and the compiled path. The compiled path equals the interpreter exactly, except
-where it fuses a matmul contraction chain into one matmul (torchneuron/nki/fusion.py): the
-summation order then changes, and results agree to float32 rounding of a K-term sum."""
+interpreter and the compiled path. The compiled path's numpy program
+(TORCHNEURON_NKI_ROW_PROGRAMS=never) equals the interpreter exactly, except where it fuses a
+matmul contraction chain into one matmul (torchneuron/nki/fusion.py): the summation order then
+changes, and results agree to float32 rounding of a K-term sum. By default, runs of row-wise
+instructions become C++ row programs (torchneuron/nki/row_programs.py), which reassociate
+sums and use a polynomial exp: results agree to float32 rounding."""
 
 from __future__ import annotations
 
@@ -46,11 +49,20 @@ CASES = [
 
 # Kernels whose PSUM accumulation chains the compiled path fuses into one matmul each.
 FUSED_CHAINS = {"matmul_new", "matmul_legacy"}
+# Kernels without a run of row-wise instructions over >= 65536 elements at these sizes (every
+# other kernel has one, which by default is a C++ row program).
+NUMPY_ONLY = {"transpose2d_legacy", "avgpool_legacy"}
+
+
+@pytest.fixture(params=["never", "auto"], ids=["numpy-program", "default"])
+def row_program_mode(request, monkeypatch):
+    monkeypatch.setenv("TORCHNEURON_NKI_ROW_PROGRAMS", request.param)
+    return request.param
 
 
 @pytest.mark.parametrize("name,kernel,args,reference,atol", CASES, ids=[c[0] for c in CASES])
 def test_kernel_matches_reference_and_compiled_equals_interpreter(
-    name, kernel, args, reference, atol
+    name, kernel, args, reference, atol, row_program_mode
 ):
     expected = reference(*args)
     interpreted = kernel.interpret(*args)
@@ -58,6 +70,14 @@ def test_kernel_matches_reference_and_compiled_equals_interpreter(
     first = kernel(*args)  # traces (the interpreter) and compiles
     second = kernel(*args)  # runs the compiled code
     assert len(kernel._cache) >= 1
+    program = kernel._cache[max(kernel._cache, key=lambda key: key[-1] == row_program_mode)]
+    lowered = program.program.row_programs
+    assert (lowered > 0) == (row_program_mode == "auto" and name not in NUMPY_ONLY), lowered
+    if lowered and name not in FUSED_CHAINS:
+        # reassociated float32 sums of <= 1000 terms and a polynomial exp (<= 2 ulp)
+        np.testing.assert_allclose(first, interpreted, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(second, interpreted, rtol=1e-5, atol=1e-6)
+        return
     if name in FUSED_CHAINS:
         source = next(iter(kernel._cache.values())).program.source
         assert source.count("torch.mm") == 4, source  # 2x2 output tiles, K folded: 4 matmuls
@@ -99,7 +119,8 @@ def test_psum_accumulates_in_float32_from_bfloat16_storage():
     torch.testing.assert_close(got, expected, rtol=1.6e-2, atol=1e-2)
 
 
-def test_psum_accumulate_folding_is_exact_and_unfusable_chains_stay_per_block():
+def test_psum_accumulate_folding_is_exact_and_unfusable_chains_stay_per_block(monkeypatch):
+    monkeypatch.setenv("TORCHNEURON_NKI_ROW_PROGRAMS", "never")  # the numpy program, exact
     # Flash attention's P@V chain reads transposed probabilities (not HBM row blocks), so it
     # is not fused; its `pv += nc_matmul(...)` pairs fold into accumulating matmuls, which
     # compute the same float32 product and add: bit-identical to the interpreter.

@@ -18,6 +18,13 @@ from torchneuron.nki import loop_batching
 RNG = np.random.default_rng(11)
 
 
+@pytest.fixture(autouse=True)
+def _numpy_program(monkeypatch):
+    """These tests read the numpy program's batched steps (bit-identical to the interpreter);
+    the C++ row programs that replace them by default are tested in test_nki_row_programs.py."""
+    monkeypatch.setenv("TORCHNEURON_NKI_ROW_PROGRAMS", "never")
+
+
 def _compiled(kernel, *args):
     """(interpreter result, compiled result, the compiled program)."""
     expected = kernel.interpret(*args)

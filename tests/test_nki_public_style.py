@@ -69,7 +69,8 @@ def test_rmsnorm_masked_rows_and_tile_broadcast_to(kernels):
     interpreted, compiled = _both(kernels.rmsnorm_kernel_, a, g)
     expected = a / np.sqrt((a * a).mean(-1, keepdims=True)) * g
     np.testing.assert_allclose(interpreted, expected, rtol=1e-5, atol=1e-5)
-    np.testing.assert_array_equal(compiled, interpreted)
+    # its batched rows run as a C++ row program: sums reassociated, within float32 rounding
+    np.testing.assert_allclose(compiled, interpreted, rtol=1e-6, atol=1e-6)
 
 
 def test_transpose2d_int8(kernels):

@@ -36,6 +36,7 @@ import torch.fx
 
 from . import _C
 from .cache_trust import make_private_dirs
+from .compile_rewrites import rewrite_silu_mul
 from .native_gemm import use_native_gemm
 from .neff_cache import (
     INDUCTOR_SUBDIR,
@@ -542,6 +543,7 @@ def neuron_backend(
     _reject_dynamic(graph_module)
     _turn_off_automatic_dynamic()
     _note_compile(graph_module)
+    rewrite_silu_mul(graph_module)  # silu(a) * b -> our kernel (compile_rewrites.py)
     neff_cache()  # fixes where Inductor's kernel cache goes before anything is compiled
     # AOT Autograd's own cache would hand back graphs compiled in an earlier process without
     # asking ours; the neuron cache is the one that checks entries.

@@ -10,21 +10,17 @@ which Inductor calls as extern kernels. ``TORCHNEURON_NATIVE_KERNELS=0`` leaves 
 
 from __future__ import annotations
 
-import functools
-import os
-
 import torch
 import torch.fx
 
-from . import _C  # noqa: F401  (defines the torchneuron:: ops)
+from . import _C  # also defines the torchneuron:: ops
 
 _NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 
 
-@functools.cache
 def native_kernels_enabled() -> bool:
-    """False when TORCHNEURON_NATIVE_KERNELS=0 (read once, as the C++ side does)."""
-    return os.environ.get("TORCHNEURON_NATIVE_KERNELS") != "0"
+    """False when TORCHNEURON_NATIVE_KERNELS=0 (the C++ switch, read once per process)."""
+    return bool(_C._native_kernels_enabled())
 
 
 def native_gemm_preferred(dtype: torch.dtype, rows: int) -> bool:

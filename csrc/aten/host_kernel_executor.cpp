@@ -4,6 +4,8 @@
 // device (allocation_redirect.h), and results are adopted as neuron tensors without a copy.
 // A result whose bytes did not come from device memory is copied in and counted as a
 // fallback (op_tracking.h).
+#include "host_kernel_executor.h"
+
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/op_registration/op_registration.h>
 #include <c10/core/StorageImpl.h>
@@ -216,6 +218,10 @@ void run_on_host_kernels(const c10::OperatorHandle& op, torch::jit::Stack* stack
 }
 
 }  // namespace
+
+void run_on_host_kernels_boxed(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  run_on_host_kernels(op, stack);
+}
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&run_on_host_kernels>());

@@ -195,18 +195,14 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   register_typed<at::_ops::masked_fill__Scalar>(m);
   register_typed<at::_ops::addcmul_>(m);
   register_typed<at::_ops::lerp__Scalar>(m);
-  // Activations.
+  // Activations (silu and softmax: native_row_ops.cpp).
   register_typed<at::_ops::relu>(m);
-  register_typed<at::_ops::silu>(m);
   register_typed<at::_ops::gelu>(m);
-  register_typed<at::_ops::_softmax>(m);
-  register_typed<at::_ops::_log_softmax>(m);
   // Norms and attention: several results each, on every transformer layer's path.
   register_typed<at::_ops::native_layer_norm>(m);
   register_typed<at::_ops::_scaled_dot_product_flash_attention_for_cpu>(m);
   // Their backward passes, and the activations', for training steps.
   register_typed<at::_ops::native_layer_norm_backward>(m);
-  register_typed<at::_ops::_softmax_backward_data>(m);
   register_typed<at::_ops::gelu_backward>(m);
   register_typed<at::_ops::threshold_backward>(m);
   // Matmul (mm, bmm, addmm) is native_gemm.cpp's.

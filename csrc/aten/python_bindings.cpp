@@ -14,6 +14,7 @@
 #include "device_state.h"
 #include "dist_backend.h"
 #include "generator.h"
+#include "native_kernels.h"
 #include "op_tracking.h"
 #include "runtime_status.h"
 #include "shared_storage.h"
@@ -104,6 +105,8 @@ PYBIND11_MODULE(_C, m) {
         {"model", features.model},
         {"isa", neuron::kernels::isa_name(neuron::kernels::isa_level())}};
   });
+  m.def("_native_kernels_enabled", &torchneuron::native_kernels_enabled);
+  m.def("_native_kernel_runs", &torchneuron::native_kernel_runs);
   m.def("_launch_blocking", [] { return nrt_launch_blocking() != 0; });
   m.def("_mem_get_info", [](int64_t device) {
     return torchneuron::caching_allocator().getMemoryInfo(

@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import dtypes, fusion, loop_batching, ops
+from ..cache_trust import NeffCacheSecurityError
+from . import cxx_build, dtypes, fusion, loop_batching, ops, row_programs
 from .runtime import Launch, Ref, Step, _identity
 from .tiles import resolve_keys
 
@@ -43,6 +44,8 @@ class CompiledKernel:
         self._run = run
         self.slots = slots
         self.batched_steps = batched_steps  # steps that run a whole affine_range loop
+        self.row_programs = 0  # runs of row-wise steps compiled to C++ (row_programs.py)
+        self.keep: Any = None
         self._lock = threading.Lock()
 
     def __call__(self, arrays: list[np.ndarray]) -> None:
@@ -373,18 +376,104 @@ def _covering_first_writes(launch: Launch, steps: list[Step]) -> set[int]:
     return covered
 
 
+def written_before_read(launch: Launch, n_outputs: int) -> list[bool]:
+    """Per output: does the kernel write every element before anything reads it? Those
+    outputs need no zero fill (on the chip, HBM tensors start uninitialised; the fill of a
+    fresh multi-MiB array is a pass over memory plus page faults)."""
+    steps = launch.steps or []
+    result = []
+    for index in range(n_outputs):
+        sids = [sid for sid, role in launch.roles.items() if role == ("output", index)]
+        if len(sids) != 1:
+            result.append(False)
+            continue
+        sid = sids[0]
+        cover = np.zeros(launch.arrays[sid].shape, bool)
+        ok = True
+        for step in steps:
+            if any(isinstance(x, Ref) and x.sid == sid for x in step.ins):
+                ok = False  # read (or accumulated into) before being known to be covered
+                break
+            for dst, mask, mode in step.outs:
+                if dst.sid != sid:
+                    continue
+                if mode != "set":
+                    ok = False
+                    break
+                view = resolve_keys(cover, dst.keys)
+                if dst.adv is not None:
+                    view = view[dst.adv]  # a copy: advanced indexing
+                    ok = False  # coverage through gathers is not tracked
+                    break
+                if mask is None:
+                    view[...] = True
+                else:
+                    np.logical_or(
+                        view, np.broadcast_to(np.asarray(mask, bool), view.shape), out=view
+                    )
+            if not ok:
+                break
+        result.append(ok and bool(cover.all()))
+    return result
+
+
+def _planned_steps(launch: Launch, chunk_bytes: int | None) -> list[Step]:
+    steps = loop_batching.batch_loops(launch, fusion.plan(launch, launch.steps or []), chunk_bytes)
+    return fusion.store_in_place(launch, fusion.elide_loads(launch, steps))
+
+
 def build(launch: Launch, n_inputs: int, n_outputs: int) -> CompiledKernel:
-    steps = loop_batching.batch_loops(launch, fusion.plan(launch, launch.steps or []))
-    steps = fusion.store_in_place(launch, fusion.elide_loads(launch, steps))
+    plain = _emit_program(launch, _planned_steps(launch, None), n_inputs, n_outputs, rows=False)
+    if row_programs.mode() == "never":
+        return plain
+    try:
+        steps = _planned_steps(launch, 0)  # whole loops: a row program streams the rows
+        return _emit_program(launch, steps, n_inputs, n_outputs, rows=True, fallback=plain)
+    except NeffCacheSecurityError:
+        raise  # an untrusted cache is the user's to fix, not a reason to go slow silently
+    except (cxx_build.CxxUnavailable, OSError) as error:
+        row_programs.warn_unavailable(error)
+        return plain
+
+
+def _emit_program(
+    launch: Launch,
+    steps: list[Step],
+    n_inputs: int,
+    n_outputs: int,
+    rows: bool,
+    fallback: CompiledKernel | None = None,
+) -> CompiledKernel:
+    """The numpy program, or with rows=True the same with row-wise runs in C++ (the plain
+    program is returned when no run is worth it)."""
     builder = _Builder(launch, launch.nki_dtypes)
     slots = builder.place_scratch(steps)
     covered = _covering_first_writes(launch, steps)
-    for step in steps:
-        builder.emit(step, covered)
     params = [f"a{i}" for i in range(n_inputs)] + [f"o{i}" for i in range(n_outputs)]
+    items: list[tuple[str, Any]] = [("step", step) for step in steps]
+    runs = 0
+    if rows:
+        programs = row_programs.RowPrograms(launch, builder.slot_of, n_inputs, n_outputs)
+        items = programs.plan(steps, covered)
+        if not programs.runs:
+            assert fallback is not None
+            return fallback
+        linked = programs.link()
+        runs = len(programs.runs)
+        builder.names.update({"_fill": linked.fill, "_table": linked.table})
+        builder.names.update({f"_run{n}": fn for n, fn in enumerate(linked.functions)})
+        builder.lines.append(f"_fill({', '.join(params)})")
+    for kind, item in items:
+        if kind == "run":
+            builder.lines.append(f"_run{item}(_table)")
+        else:
+            builder.emit(item, covered)
     body = builder.lines or ["pass"]
     source = f"def kernel({', '.join(params)}):\n" + "".join(f"    {line}\n" for line in body)
     namespace = dict(builder.names)
     exec(compile(source, "<nki compiled kernel>", "exec"), namespace)  # noqa: S102
     batched = sum(1 for step in steps if step.batch is not None and step.engine != "alloc")
-    return CompiledKernel(source, namespace["kernel"], slots, batched)
+    kernel = CompiledKernel(source, namespace["kernel"], slots, batched)
+    kernel.row_programs = runs
+    kernel.keep = linked if rows else None  # the table and its arrays live with the kernel
+    return kernel

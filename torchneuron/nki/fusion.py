@@ -36,6 +36,9 @@ def fused_matmul_fn(x: Any, y: Any) -> Any:
     return ops.matmul_fn(x, y)
 
 
+fused_matmul_fn.lowering = ("matmul",)  # type: ignore[attr-defined]
+
+
 def _refs(step: Step) -> list[Ref]:
     return [x for x in step.ins if isinstance(x, Ref)] + [o[0] for o in step.outs]
 

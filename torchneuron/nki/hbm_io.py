@@ -104,11 +104,12 @@ class Allocator:
         self.device = device  # None (numpy) or a torch.device
         self.tensors: dict[int, Any] = {}  # id(array) -> tensor owning it
 
-    def __call__(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    def __call__(self, shape: tuple[int, ...], dtype: Any, zero: bool = True) -> np.ndarray:
         if self.device is None or dtypes.needs_rounding(dtype):
-            return np.zeros(shape, dtypes.storage(dtype))
+            return (np.zeros if zero else np.empty)(shape, dtypes.storage(dtype))
         torch = _torch()
-        tensor = torch.zeros(shape, dtype=torch_dtype(dtype), device=self.device)
+        make = torch.zeros if zero else torch.empty
+        tensor = make(shape, dtype=torch_dtype(dtype), device=self.device)
         array = _device_alias(tensor) if self.device.type == "neuron" else tensor.numpy()
         self.tensors[id(array)] = tensor
         return array

@@ -33,6 +33,7 @@ def _activation_body(
             return y
         return y, reducer(y, axis=tuple(range(1, y.ndim)), keepdims=True).reshape(y.shape[0], 1)
 
+    body.lowering = ("activation", op, reduce)  # type: ignore[attr-defined]
     return body
 
 
@@ -229,6 +230,14 @@ def tensor_scalar_into(
             s1 = ops.pad(ops.f32(s1), x.ndim)
             y = second(s1, y) if reverse1 else second(y, s1)
         return y
+
+    body.lowering = (  # type: ignore[attr-defined]
+        "tensor_scalar",
+        ops.op_name(op0),
+        reverse0,
+        ops.op_name(op1) if op1 is not None else None,
+        reverse1,
+    )
 
     runtime.execute(body, [data, a0, a1], [(dst, mask, "set")], "vector", ops.free_size(data.shape))
 

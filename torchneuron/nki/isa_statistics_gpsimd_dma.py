@@ -43,6 +43,10 @@ def _bn_aggr_body(stats: Any) -> Any:
     return np.stack([grand, m2], axis=1)
 
 
+_bn_stats_body.lowering = ("bn_stats",)  # type: ignore[attr-defined]
+_bn_aggr_body.lowering = ("bn_aggr",)  # type: ignore[attr-defined]
+
+
 def bn_stats_into(dst: Tile, data: Tile, mask: Any = None, **_: Any) -> None:
     """Mean/variance statistics of each partition's (at most 512) elements, 6 per partition."""
     data = _tensor_like(data, "nisa.bn_stats")
@@ -113,7 +117,7 @@ def memset_into(dst: Tile, value: Any, engine: Any = None, mask: Any = None, **_
     if not dst.buffer.on_chip:
         raise NkiError("nisa.memset writes SBUF/PSUM tiles")
     runtime.execute(
-        lambda: np.asarray(value), [], [(dst, mask, "set")], "gpsimd", ops.free_size(dst.shape)
+        ops.constant_fn(value), [], [(dst, mask, "set")], "gpsimd", ops.free_size(dst.shape)
     )
 
 

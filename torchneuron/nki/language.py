@@ -61,7 +61,7 @@ def ndarray(
 def _filled(shape: Any, value: Any, dtype: Any, buffer: Any) -> Tile:
     tile = ndarray(shape, dtype, buffer=buffer)
     runtime.execute(
-        lambda: np.asarray(value), [], [(tile, None, "set")], "gpsimd", ops.free_size(tile.shape)
+        ops.constant_fn(value), [], [(tile, None, "set")], "gpsimd", ops.free_size(tile.shape)
     )
     return tile
 
@@ -309,6 +309,8 @@ def _reduction(name: str, op: str) -> Callable[..., Tile]:
             def body(v: Any) -> Any:
                 return total(v) / np.float32(count)
 
+            body.lowering = ("reduce", op, axes, keepdims, False, count)  # type: ignore[attr-defined]
+
         runtime.execute(body, [x], [(out, mask, "set")], "vector", ops.free_size(x.shape))
         return out
 
@@ -336,6 +338,8 @@ def softmax(x: Tile, axis: Any, *, dtype: Any = None, mask: Any = None, **_: Any
         v = ops.f32(v)
         e = np.exp(v - v.max(axis=axes, keepdims=True))
         return e / e.sum(axis=axes, keepdims=True)
+
+    body.lowering = ("softmax", axes)  # type: ignore[attr-defined]
 
     runtime.execute(body, [x], [(out, mask, "set")], "scalar", 3 * ops.free_size(x.shape))
     return out
@@ -369,9 +373,12 @@ def broadcast_to(src: Tile, shape: Any, **_: Any) -> Tile:
         raise NkiError(f"nl.broadcast_to: cannot broadcast {src.shape} to {shape}") from None
     out = ops.new_tile(shape, src.dtype)
     rank = len(shape)
-    runtime.execute(
-        lambda x: ops.pad(x, rank), [src], [(out, None, "set")], "vector", ops.free_size(shape)
-    )
+
+    def body(x: Any) -> Any:
+        return ops.pad(x, rank)
+
+    body.lowering = ("copy", True)  # type: ignore[attr-defined]
+    runtime.execute(body, [src], [(out, None, "set")], "vector", ops.free_size(shape))
     return out
 
 

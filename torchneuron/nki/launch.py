@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import codegen, runtime
+from . import codegen, row_programs, runtime
 from .errors import NkiError
 from .hbm_io import Allocator, HbmArg, launch_device, to_hbm, write_back
 from .profile import target_name
@@ -31,6 +31,7 @@ from .tiles import Storage, Tile, hbm, resolve_keys
 class _Compiled:
     program: codegen.CompiledKernel
     outputs: list[tuple[tuple[int, ...], Any]]  # (shape, NKI dtype) per shared_hbm output
+    uninitialized: list[bool]  # per output: written whole before any read (no zero fill)
     result: Any  # the kernel's return structure, tiles replaced by ("input"|"output", i, keys)
     usage: Usage
 
@@ -38,12 +39,18 @@ class _Compiled:
 def _signature_of(value: Any) -> Any:
     arg = value if isinstance(value, HbmArg) else None
     if arg is not None:
-        return ("tensor", arg.array.shape, str(arg.dtype))
+        # strides too: compiled row programs address HBM by element offsets
+        return ("tensor", arg.array.shape, arg.array.strides, _dtype_key(arg.dtype))
     try:
         hash(value)
         return ("value", type(value).__name__, value)
     except TypeError:
         return ("repr", repr(value))
+
+
+@functools.lru_cache(maxsize=64)
+def _dtype_key(dtype: Any) -> str:
+    return str(dtype)  # numpy's dtype __str__ costs ~0.2 ms per call: once per dtype
 
 
 def _execution_mode() -> str:
@@ -99,19 +106,20 @@ class Kernel:
 
     # -- launch --------------------------------------------------------------------------
     def run(self, args: tuple[Any, ...], kwargs: dict[str, Any], compiled: bool) -> Any:
-        # A NeuronCore instruction works on one tile (a matmul is at most 128x128x512):
-        # below the size where splitting it across host threads pays, and on a shared host
-        # thread hand-offs cost more than the work. Both paths run single-threaded, which
-        # also keeps their matmul results identical.
+        # The interpreter runs single-threaded: its tile-sized torch.mm calls lose to thread
+        # hand-offs on a shared host. The compiled path leaves the thread count alone:
+        # changing it is global, and every torch op after the kernel then paid for the
+        # OpenMP pool's resize (a 0.4 ms linear took 30 ms on a loaded host).
         threads = torch.get_num_threads()
-        if threads != 1:
+        toggle = threads != 1 and not compiled
+        if toggle:
             torch.set_num_threads(1)
         try:
             # Engines follow IEEE arithmetic silently (e.g. rsqrt of a masked-off zero row).
             with np.errstate(all="ignore"):
                 return self._run(args, kwargs, compiled)
         finally:
-            if threads != 1:
+            if toggle:
                 torch.set_num_threads(threads)
 
     def _run(self, args: tuple[Any, ...], kwargs: dict[str, Any], compiled: bool) -> Any:
@@ -127,10 +135,14 @@ class Kernel:
             tuple(_signature_of(a) for a in converted),
             tuple(sorted((k, _signature_of(v)) for k, v in converted_kw.items())),
             target_name(),
+            row_programs.mode() if compiled else None,
         )
         entry = self._cache.get(key) if compiled else None
         if entry is not None:
-            outputs = [allocator(shape, dtype) for shape, dtype in entry.outputs]
+            outputs = [
+                allocator(shape, dtype, zero=not bare)
+                for (shape, dtype), bare in zip(entry.outputs, entry.uninitialized, strict=True)
+            ]
             entry.program([a.array for a in hbm_args] + outputs)
             self.last_usage = entry.usage
             write_back(hbm_args)
@@ -145,7 +157,8 @@ class Kernel:
         spec = _result_spec(result)
         if compiled:
             program = codegen.build(launch, len(hbm_args), len(outputs))
-            self._cache[key] = _Compiled(program, meta, spec, launch.usage)
+            bare = codegen.written_before_read(launch, len(outputs))
+            self._cache[key] = _Compiled(program, meta, bare, spec, launch.usage)
         write_back(hbm_args)
         return self._results(spec, [a.array for a in hbm_args], outputs, meta, allocator)
 
@@ -180,26 +193,33 @@ class Kernel:
         meta: list[tuple[tuple[int, ...], Any]],
         allocator: Allocator,
     ) -> Any:
-        def build(item: Any) -> Any:
-            if isinstance(item, tuple) and len(item) == 4 and item[0] == "__tile__":
-                _, role, index, keys = item
-                if role == "output":
-                    array = outputs[index]
-                    if not keys:
-                        return allocator.result(array, meta[index][1])
-                    return allocator.result(
-                        np.ascontiguousarray(resolve_keys(array, keys)), meta[index][1]
-                    )
-                return allocator.result(
-                    np.ascontiguousarray(resolve_keys(inputs[index], keys)), None
-                )
-            if isinstance(item, (tuple, list)):
-                return type(item)(build(x) for x in item)
-            if isinstance(item, dict):
-                return {k: build(v) for k, v in item.items()}
-            return item
+        return _build_results(spec, inputs, outputs, meta, allocator)
 
-        return build(spec)
+
+def _build_results(
+    item: Any,
+    inputs: list[np.ndarray],
+    outputs: list[np.ndarray],
+    meta: list[tuple[tuple[int, ...], Any]],
+    allocator: Allocator,
+) -> Any:
+    """The kernel's return structure with its tiles replaced by arrays or tensors. (A
+    module function, not a recursive closure: that closure would be a reference cycle
+    holding every output until the garbage collector runs, so each call's multi-MiB
+    outputs would be fresh, page-faulting memory.)"""
+    if isinstance(item, tuple) and len(item) == 4 and item[0] == "__tile__":
+        _, role, index, keys = item
+        if role == "output":
+            array = outputs[index]
+            if not keys:
+                return allocator.result(array, meta[index][1])
+            return allocator.result(np.ascontiguousarray(resolve_keys(array, keys)), meta[index][1])
+        return allocator.result(np.ascontiguousarray(resolve_keys(inputs[index], keys)), None)
+    if isinstance(item, (tuple, list)):
+        return type(item)(_build_results(x, inputs, outputs, meta, allocator) for x in item)
+    if isinstance(item, dict):
+        return {k: _build_results(v, inputs, outputs, meta, allocator) for k, v in item.items()}
+    return item
 
 
 def _result_spec(result: Any) -> Any:

@@ -274,10 +274,13 @@ def _uses(steps: list[Step]) -> dict[int, set[int]]:
     return uses
 
 
-def batch_loops(launch: Launch, steps: list[Step]) -> list[Step]:
+def batch_loops(launch: Launch, steps: list[Step], chunk_bytes: int | None = None) -> list[Step]:
     """The steps with every batchable affine_range loop replaced by its batched steps
-    (outermost loops first; a loop that cannot be batched has its inner loops tried)."""
-    return _batch(launch, steps, 0, _uses(steps))
+    (outermost loops first; a loop that cannot be batched has its inner loops tried).
+    Iterations are batched in chunks of about `chunk_bytes` (CHUNK_BYTES by default) of
+    tile rows; 0 batches a whole loop at once (row programs keep rows in L1 themselves)."""
+    size = CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+    return _batch(launch, steps, 0, _uses(steps), size)
 
 
 # Iterations batched per call: enough rows that per-call overhead is small, few enough
@@ -286,13 +289,17 @@ CHUNK_BYTES = 1 << 20
 
 
 def _chunks(
-    launch: Launch, iterations: list[list[Step]], uses: dict[int, set[int]]
+    launch: Launch, iterations: list[list[Step]], uses: dict[int, set[int]], chunk_bytes: int
 ) -> list[Step] | None:
     tile_bytes = max(
         (launch.arrays[s.allocated].nbytes for s in iterations[0] if s.allocated is not None),
         default=1,
     )
-    size = max(1, min(len(iterations), CHUNK_BYTES // max(tile_bytes, 1)))
+    size = (
+        len(iterations)
+        if chunk_bytes == 0
+        else max(1, min(len(iterations), chunk_bytes // max(tile_bytes, 1)))
+    )
     out: list[Step] = []
     for start in range(0, len(iterations), size):
         chunk = iterations[start : start + size]
@@ -303,7 +310,9 @@ def _chunks(
     return out
 
 
-def _batch(launch: Launch, steps: list[Step], depth: int, uses: dict[int, set[int]]) -> list[Step]:
+def _batch(
+    launch: Launch, steps: list[Step], depth: int, uses: dict[int, set[int]], chunk_bytes: int
+) -> list[Step]:
     out: list[Step] = []
     n = 0
     while n < len(steps):
@@ -330,7 +339,9 @@ def _batch(launch: Launch, steps: list[Step], depth: int, uses: dict[int, set[in
                 iterations = []
                 break
             iterations[-1].append(s)
-        batched = _chunks(launch, iterations, uses) if len(iterations) > 1 else None
-        out.extend(batched if batched is not None else _batch(launch, run, depth + 1, uses))
+        batched = _chunks(launch, iterations, uses, chunk_bytes) if len(iterations) > 1 else None
+        out.extend(
+            batched if batched is not None else _batch(launch, run, depth + 1, uses, chunk_bytes)
+        )
         n = end
     return out

@@ -151,6 +151,17 @@ def row_wise(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
+def constant_fn(value: Any) -> Callable[[], Any]:
+    """The body of a fill (memset, nl.zeros/ones/full): the value, broadcast on write."""
+
+    def fill() -> Any:
+        return np.asarray(value)
+
+    if np.ndim(value) == 0 and not isinstance(value, (bool, np.bool_)):
+        fill.lowering = ("fill", value)  # type: ignore[attr-defined]
+    return fill
+
+
 def pad(x: Any, rank: int) -> Any:
     """A tile's array with trailing size-1 free dimensions up to `rank`: NKI aligns operands
     on the partition dimension (a [128] tile is one value per partition), unlike numpy."""
@@ -202,6 +213,7 @@ def elementwise_fn(op: str, rank: int = 0) -> Callable[..., Any]:
 
         if hasattr(plain, "ufunc"):
             aligned.aligned_ufunc = (plain.ufunc, rank)  # type: ignore[attr-defined]
+        aligned.lowering = ("binary", op, True)  # type: ignore[attr-defined]
         return row_wise(aligned)
     if op in UNARY:
         base = UNARY[op]
@@ -211,6 +223,7 @@ def elementwise_fn(op: str, rank: int = 0) -> Callable[..., Any]:
 
         if isinstance(base, np.ufunc):
             unary.ufunc = base  # type: ignore[attr-defined]
+        unary.lowering = ("unary", op)  # type: ignore[attr-defined]
         return row_wise(unary)
     base2 = BINARY[op]
 
@@ -219,6 +232,7 @@ def elementwise_fn(op: str, rank: int = 0) -> Callable[..., Any]:
 
     if isinstance(base2, np.ufunc):
         binary.ufunc = base2  # type: ignore[attr-defined]
+    binary.lowering = ("binary", op, False)  # type: ignore[attr-defined]
     return row_wise(binary)
 
 
@@ -254,6 +268,7 @@ def reduce_fn(
         r = base(f32(x), axis=axes, keepdims=keepdims)
         return -r if negate else r
 
+    reduce.lowering = ("reduce", op, axes, keepdims, negate, 1)  # type: ignore[attr-defined]
     return row_wise(reduce)  # axes never include the partition axis (reduce_axes)
 
 
@@ -321,6 +336,9 @@ def matmul_fn(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     # call, so the two agree bit for bit; numpy's OpenBLAS is several times slower at
     # tile sizes on a shared host.
     return torch.mm(_cpu_tensor(x).T, _cpu_tensor(y)).numpy()
+
+
+matmul_fn.lowering = ("matmul",)  # type: ignore[attr-defined]
 
 
 def matmul_into(

@@ -319,6 +319,7 @@ def _identity(x: np.ndarray) -> np.ndarray:
 
 
 _identity.row_wise = True  # type: ignore[attr-defined]
+_identity.lowering = ("copy", False)  # type: ignore[attr-defined]
 
 
 def assign(target: Tile, value: Any) -> None:
