@@ -228,10 +228,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   register_typed<at::_ops::native_layer_norm_backward>(m);
   register_typed<at::_ops::gelu_backward>(m);
   register_typed<at::_ops::threshold_backward>(m);
-  // Matmul.
-  register_typed<at::_ops::mm>(m);
-  register_typed<at::_ops::bmm>(m);
-  register_typed<at::_ops::addmm>(m);
+  // Matmul (mm, bmm, addmm) is native_gemm.cpp's.
   // Reductions.
   register_typed<at::_ops::sum>(m);
   register_typed<at::_ops::sum_dim_IntList>(m);

@@ -1,0 +1,39 @@
+// GEMM/GEMV for AVX2 + FMA: 8-lane float32 vectors, 6 × 16 register tile (12 accumulators
+// of the 16 ymm registers). bf16 inputs are widened to float32 as they are packed.
+#include <immintrin.h>
+
+#include "gemm_isa.h"
+#include "gemm_tiles.h"
+
+namespace neuron::kernels::detail {
+namespace {
+
+struct Avx2Vec {
+  using Reg = __m256;
+  static constexpr int kWidth = 8;
+  static constexpr int kRegisters = 16;
+  static Reg zero() { return _mm256_setzero_ps(); }
+  static Reg load(const float* p) { return _mm256_loadu_ps(p); }
+  static Reg load(const uint16_t* p) {
+    const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
+  }
+  static void store(float* p, Reg v) { _mm256_storeu_ps(p, v); }
+  static Reg set1(float v) { return _mm256_set1_ps(v); }
+  static Reg fma(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
+  static Reg add(Reg a, Reg b) { return _mm256_add_ps(a, b); }
+  static float sum(Reg v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+};
+
+}  // namespace
+
+void gemm_avx2(const GemmProblem& problem, const ParallelFor& parallel) {
+  GemmTiles<Avx2Vec, 6>::run(problem, parallel);
+}
+
+}  // namespace neuron::kernels::detail

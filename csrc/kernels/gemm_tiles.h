@@ -1,0 +1,360 @@
+// The GEMM/GEMV algorithm, written once over a vector type V and included by one source per
+// instruction set (gemm.scalar.cpp-style plain source, gemm.avx2.cpp, gemm.avx512.cpp), each
+// compiling it with its own flags. Everything here has internal linkage so the copies built
+// for different instruction sets never meet at link time.
+//
+// Two paths:
+//  - GEMV (m ≤ 8 and B's k index contiguous, i.e. the forward X·Wᵀ of decode): streams each
+//    weight row once, converting bf16 to float32 in registers, with the m activation rows
+//    held in cache; memory-bound, so the point is to read W exactly once at full bandwidth.
+//  - Packed GEMM (everything else): Goto-style blocking. An output tile of MC × NC rows and
+//    columns is one task; per KC slice of k, A and B are copied (and converted to float32)
+//    into MR-row and NR-column panels and an MR × NR register-blocked FMA kernel accumulates
+//    into a float32 tile, which is scaled, biased and rounded to the output dtype once.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "gemm.h"
+
+namespace neuron::kernels {
+namespace {
+
+inline float to_f32(float v) { return v; }
+inline float to_f32(uint16_t v) { return bf16_to_float(v); }
+inline void store_as(float* p, float v) { *p = v; }
+inline void store_as(uint16_t* p, float v) { *p = float_to_bf16_rne(v); }
+
+constexpr int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+template <class V, int MR>
+struct GemmTiles {
+  static constexpr int W = V::kWidth;
+  static constexpr int NR = 2 * W;
+  static constexpr int64_t KC = 256;
+  static constexpr int64_t MC = MR * 32;
+  static constexpr int64_t NC = NR * 16;
+  static constexpr int64_t kGemvMaxRows = 8;
+
+  struct Scratch {
+    std::vector<float> a, b, c;
+  };
+
+  // The scaled, biased result of one output element, stored in the output dtype.
+  template <class E>
+  static inline void finish(const GemmProblem& p, const E* bias, E* out, int64_t i, int64_t j,
+                            float acc) {
+    float v = p.alpha == 1.0f ? acc : p.alpha * acc;
+    if (bias != nullptr) v += p.beta * to_f32(bias[i * p.bias.row_stride + j * p.bias.col_stride]);
+    store_as(out + i * p.c_row_stride + j * p.c_col_stride, v);
+  }
+
+  // A's rows [0, mc) × columns [0, kc) into MR-row panels, k-major within a panel.
+  template <class E>
+  static void pack_a(const E* a, int64_t rs, int64_t cs, int64_t mc, int64_t kc, float* dst) {
+    for (int64_t r0 = 0; r0 < mc; r0 += MR) {
+      const int64_t rows = std::min<int64_t>(MR, mc - r0);
+      float* panel = dst + (r0 / MR) * kc * MR;
+      if (cs == 1) {
+        for (int64_t i = 0; i < rows; ++i) {
+          const E* src = a + (r0 + i) * rs;
+          for (int64_t k = 0; k < kc; ++k) panel[k * MR + i] = to_f32(src[k]);
+        }
+      } else {
+        for (int64_t k = 0; k < kc; ++k) {
+          const E* src = a + k * cs + r0 * rs;
+          for (int64_t i = 0; i < rows; ++i) panel[k * MR + i] = to_f32(src[i * rs]);
+        }
+      }
+      for (int64_t i = rows; i < MR; ++i) {
+        for (int64_t k = 0; k < kc; ++k) panel[k * MR + i] = 0.0f;
+      }
+    }
+  }
+
+  // B's rows [0, kc) × columns [0, nc) into NR-column panels, k-major within a panel.
+  template <class E>
+  static void pack_b(const E* b, int64_t rs, int64_t cs, int64_t kc, int64_t nc, float* dst) {
+    for (int64_t c0 = 0; c0 < nc; c0 += NR) {
+      const int64_t cols = std::min<int64_t>(NR, nc - c0);
+      float* panel = dst + (c0 / NR) * kc * NR;
+      if (cs == 1) {
+        for (int64_t k = 0; k < kc; ++k) {
+          const E* src = b + k * rs + c0;
+          float* row = panel + k * NR;
+          for (int64_t j = 0; j < cols; ++j) row[j] = to_f32(src[j]);
+          for (int64_t j = cols; j < NR; ++j) row[j] = 0.0f;
+        }
+      } else {
+        for (int64_t j = 0; j < cols; ++j) {
+          const E* src = b + (c0 + j) * cs;
+          for (int64_t k = 0; k < kc; ++k) panel[k * NR + j] = to_f32(src[k * rs]);
+        }
+        for (int64_t j = cols; j < NR; ++j) {
+          for (int64_t k = 0; k < kc; ++k) panel[k * NR + j] = 0.0f;
+        }
+      }
+    }
+  }
+
+  // c[MR × NR] (+)= A rows · B columns over kc. A element (i, k) is at a[i·a_rs + k·a_ks]
+  // (a packed panel: 1, MR; a row-major A read in place: lda, 1); B's NR columns at k
+  // start at b + k·b_ks (packed: NR; a row-major B read in place: ldb).
+  template <class EA, class EB>
+  static void micro_kernel(const EA* a, int64_t a_rs, int64_t a_ks, const EB* b, int64_t b_ks,
+                           int64_t kc, float* c, int64_t ldc, bool accumulate) {
+    typename V::Reg acc[MR][2];
+    const EA* rows[MR];
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      acc[i][0] = acc[i][1] = V::zero();
+      rows[i] = a + i * a_rs;
+    }
+    for (int64_t k = 0; k < kc; ++k) {
+      const typename V::Reg b0 = V::load(b);
+      const typename V::Reg b1 = V::load(b + W);
+#pragma GCC unroll 16
+      for (int i = 0; i < MR; ++i) {
+        const typename V::Reg av = V::set1(to_f32(*rows[i]));
+        rows[i] += a_ks;
+        acc[i][0] = V::fma(av, b0, acc[i][0]);
+        acc[i][1] = V::fma(av, b1, acc[i][1]);
+      }
+      b += b_ks;
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      float* row = c + i * ldc;
+      if (accumulate) {
+        acc[i][0] = V::add(acc[i][0], V::load(row));
+        acc[i][1] = V::add(acc[i][1], V::load(row + W));
+      }
+      V::store(row, acc[i][0]);
+      V::store(row + W, acc[i][1]);
+    }
+  }
+
+  // A row-major (k contiguous) is read in place but for a partial last row panel; B
+  // row-major (columns contiguous) is read in place when the tile has whole NR panels.
+  // Everything else is packed (and widened) first.
+  template <class E>
+  static void packed_tile(const GemmProblem& p, int64_t batch, int64_t i0, int64_t j0, Scratch& s) {
+    const int64_t mc = std::min(MC, p.m - i0), nc = std::min(NC, p.n - j0);
+    const int64_t mcp = round_up(mc, MR), ncp = round_up(nc, NR);
+    const int64_t lda = p.a.row_stride, ldb = p.b.row_stride;
+    const bool a_direct = p.a.col_stride == 1, b_direct = p.b.col_stride == 1 && nc % NR == 0;
+    const int64_t a_full = a_direct ? mc - mc % MR : 0;  // rows read in place
+    s.a.resize(mcp * KC);
+    s.b.resize(ncp * KC);
+    s.c.assign(mcp * ncp, 0.0f);
+    const E* bias = bias_of<E>(p, batch, i0, j0);
+    E* out =
+        static_cast<E*>(p.c) + batch * p.c_batch_stride + i0 * p.c_row_stride + j0 * p.c_col_stride;
+    // A float32 result with nothing to add or scale accumulates in the output itself (whole
+    // register tiles), skipping the staging tile; short-k products (a weight gradient over
+    // few tokens) are otherwise dominated by that extra pass.
+    const bool direct_out = std::is_same_v<E, float> && p.k > 0 && bias == nullptr &&
+                            p.alpha == 1.0f && p.c_col_stride == 1;
+    const int64_t mc_full = mc - mc % MR, nc_full = nc - nc % NR;
+    const E* a = static_cast<const E*>(p.a.data) + batch * p.a.batch_stride + i0 * lda;
+    const E* b = static_cast<const E*>(p.b.data) + batch * p.b.batch_stride + j0 * p.b.col_stride;
+    for (int64_t p0 = 0; p0 < p.k; p0 += KC) {
+      const int64_t kc = std::min(KC, p.k - p0);
+      const E* a_k = a + p0 * p.a.col_stride;
+      const E* b_k = b + p0 * ldb;
+      if (a_full < mc) {
+        pack_a(a_k + a_full * lda, lda, p.a.col_stride, mc - a_full, kc, s.a.data() + a_full * kc);
+      }
+      if (!b_direct) pack_b(b_k, ldb, p.b.col_stride, kc, nc, s.b.data());
+      for (int64_t jr = 0; jr < ncp; jr += NR) {
+        for (int64_t ir = 0; ir < mcp; ir += MR) {
+          const bool in_place = direct_out && ir < mc_full && jr < nc_full;
+          float* c = in_place ? reinterpret_cast<float*>(out) + ir * p.c_row_stride + jr
+                              : s.c.data() + ir * ncp + jr;
+          const int64_t ldc = in_place ? p.c_row_stride : ncp;
+          const bool acc = p0 > 0;
+          if (ir < a_full) {
+            if (b_direct) {
+              micro_kernel(a_k + ir * lda, lda, 1, b_k + jr, ldb, kc, c, ldc, acc);
+            } else {
+              micro_kernel(a_k + ir * lda, lda, 1, s.b.data() + jr * kc, NR, kc, c, ldc, acc);
+            }
+          } else if (b_direct) {
+            micro_kernel(s.a.data() + ir * kc, 1, MR, b_k + jr, ldb, kc, c, ldc, acc);
+          } else {
+            micro_kernel(s.a.data() + ir * kc, 1, MR, s.b.data() + jr * kc, NR, kc, c, ldc, acc);
+          }
+        }
+      }
+    }
+    for (int64_t i = 0; i < mc; ++i) {
+      for (int64_t j = 0; j < nc; ++j) {
+        if (direct_out && i < mc_full && j < nc_full) continue;  // already in place
+        finish(p, bias, out, i, j, s.c[i * ncp + j]);
+      }
+    }
+  }
+
+  template <class E>
+  static const E* bias_of(const GemmProblem& p, int64_t batch, int64_t i0, int64_t j0) {
+    if (p.bias.data == nullptr || p.beta == 0.0f) return nullptr;
+    return static_cast<const E*>(p.bias.data) + batch * p.bias.batch_stride +
+           i0 * p.bias.row_stride + j0 * p.bias.col_stride;
+  }
+
+  // ROWS weight rows (output columns j..j+ROWS) against MB activation rows, over all of k.
+  template <class E, int MB, int ROWS>
+  static void gemv_block(const float* x, int64_t k, const E* w, int64_t w_stride, float* dots) {
+    typename V::Reg acc[MB][ROWS];
+#pragma GCC unroll 16
+    for (int r = 0; r < MB; ++r) {
+#pragma GCC unroll 8
+      for (int q = 0; q < ROWS; ++q) acc[r][q] = V::zero();
+    }
+    int64_t kk = 0;
+    for (; kk + W <= k; kk += W) {
+      typename V::Reg wv[ROWS];
+#pragma GCC unroll 8
+      for (int q = 0; q < ROWS; ++q) {
+        // The next ROWS rows, one block ahead: more memory requests in flight than the
+        // hardware prefetcher starts by itself on short rows.
+        __builtin_prefetch(w + (q + ROWS) * w_stride + kk);
+        wv[q] = V::load(w + q * w_stride + kk);
+      }
+#pragma GCC unroll 16
+      for (int r = 0; r < MB; ++r) {
+        const typename V::Reg xv = V::load(x + r * k + kk);
+#pragma GCC unroll 8
+        for (int q = 0; q < ROWS; ++q) acc[r][q] = V::fma(xv, wv[q], acc[r][q]);
+      }
+    }
+    for (int r = 0; r < MB; ++r) {
+      for (int q = 0; q < ROWS; ++q) {
+        float tail = 0.0f;
+        for (int64_t t = kk; t < k; ++t) tail += x[r * k + t] * to_f32(w[q * w_stride + t]);
+        dots[r * ROWS + q] = V::sum(acc[r][q]) + tail;
+      }
+    }
+  }
+
+  // Output columns [j0, j1) of a GEMV batch entry, for activation rows in chunks of MB.
+  template <class E, int MB>
+  static void gemv_columns(const GemmProblem& p, int64_t batch, const float* x, int64_t rows,
+                           int64_t j0, int64_t j1) {
+    constexpr int kRows = MB <= 2 && V::kRegisters >= 32 ? 8 : 4;  // rows of W per pass
+    const E* w = static_cast<const E*>(p.b.data) + batch * p.b.batch_stride;
+    const E* bias = bias_of<E>(p, batch, 0, 0);
+    E* out = static_cast<E*>(p.c) + batch * p.c_batch_stride;
+    float dots[MB * kRows];
+    int64_t j = j0;
+    for (; j + kRows <= j1; j += kRows) {
+      for (int64_t r0 = 0; r0 < rows; r0 += MB) {
+        gemv_block<E, MB, kRows>(x + r0 * p.k, p.k, w + j * p.b.col_stride, p.b.col_stride, dots);
+        for (int64_t r = 0; r < std::min<int64_t>(MB, rows - r0); ++r) {
+          for (int q = 0; q < kRows; ++q) finish(p, bias, out, r0 + r, j + q, dots[r * kRows + q]);
+        }
+      }
+    }
+    for (; j < j1; ++j) {
+      for (int64_t r0 = 0; r0 < rows; r0 += MB) {
+        gemv_block<E, MB, 1>(x + r0 * p.k, p.k, w + j * p.b.col_stride, p.b.col_stride, dots);
+        for (int64_t r = 0; r < std::min<int64_t>(MB, rows - r0); ++r) {
+          finish(p, bias, out, r0 + r, j, dots[r]);
+        }
+      }
+    }
+  }
+
+  template <class E>
+  static void gemv(const GemmProblem& p, const ParallelFor& par) {
+    // Column chunks: a few per thread so uneven threads even out, each a multiple of 4 rows of W.
+    const int64_t chunks_per_batch =
+        std::max<int64_t>(1, std::min<int64_t>((p.n + 63) / 64, int64_t{par.threads} * 4));
+    const int64_t chunk = round_up((p.n + chunks_per_batch - 1) / chunks_per_batch, 8);
+    const int64_t per_batch = (p.n + chunk - 1) / chunk;
+    par.run(p.batch * per_batch, [&](int64_t begin, int64_t end) {
+      static thread_local std::vector<float> x;
+      int64_t packed_batch = -1;
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t batch = t / per_batch, j0 = (t % per_batch) * chunk;
+        if (batch != packed_batch) {               // the activation rows, float32 and contiguous
+          x.assign(round_up(p.m, 4) * p.k, 0.0f);  // zero rows pad the last MB chunk
+          const E* a = static_cast<const E*>(p.a.data) + batch * p.a.batch_stride;
+          for (int64_t i = 0; i < p.m; ++i) {
+            for (int64_t kk = 0; kk < p.k; ++kk) {
+              x[i * p.k + kk] = to_f32(a[i * p.a.row_stride + kk * p.a.col_stride]);
+            }
+          }
+          packed_batch = batch;
+        }
+        const int64_t j1 = std::min(p.n, j0 + chunk);
+        if (p.m >= 3 && V::kRegisters >= 32) {
+          gemv_columns<E, 4>(p, batch, x.data(), p.m, j0, j1);
+        } else if (p.m >= 2) {
+          gemv_columns<E, 2>(p, batch, x.data(), p.m, j0, j1);
+        } else {
+          gemv_columns<E, 1>(p, batch, x.data(), p.m, j0, j1);
+        }
+      }
+    });
+  }
+
+  template <class E>
+  static void packed(const GemmProblem& p, const ParallelFor& par) {
+    if (should_transpose(p)) {
+      const GemmProblem t = transposed(p);
+      packed<E>(t, par);
+      return;
+    }
+    const int64_t mt = (p.m + MC - 1) / MC, nt = (p.n + NC - 1) / NC;
+    par.run(p.batch * mt * nt, [&](int64_t begin, int64_t end) {
+      static thread_local Scratch scratch;
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t batch = t / (mt * nt), rest = t % (mt * nt);
+        packed_tile<E>(p, batch, (rest / nt) * MC, (rest % nt) * NC, scratch);
+      }
+    });
+  }
+
+  // B = Wᵀ (W row-major) with fewer rows of A than columns of B, e.g. a linear layer's
+  // forward at prefill sizes: computing Cᵀ = Bᵀ·Aᵀ reads W in place and packs only the
+  // smaller activation matrix.
+  static bool should_transpose(const GemmProblem& p) {
+    return p.b.col_stride != 1 && p.b.row_stride == 1 && p.a.col_stride == 1 && p.m < p.n;
+  }
+
+  static GemmProblem transposed(const GemmProblem& p) {
+    GemmProblem t = p;
+    t.m = p.n;
+    t.n = p.m;
+    t.a = {p.b.data, p.b.col_stride, p.b.row_stride, p.b.batch_stride};
+    t.b = {p.a.data, p.a.col_stride, p.a.row_stride, p.a.batch_stride};
+    t.bias = {p.bias.data, p.bias.col_stride, p.bias.row_stride, p.bias.batch_stride};
+    t.c_row_stride = p.c_col_stride;
+    t.c_col_stride = p.c_row_stride;
+    return t;
+  }
+
+  template <class E>
+  static void run_typed(const GemmProblem& p, const ParallelFor& par) {
+    if (p.m <= kGemvMaxRows && p.b.row_stride == 1) {
+      gemv<E>(p, par);
+    } else {
+      packed<E>(p, par);
+    }
+  }
+
+  static void run(const GemmProblem& p, const ParallelFor& par) {
+    if (p.dtype == GemmDtype::kFloat32) {
+      run_typed<float>(p, par);
+    } else {
+      run_typed<uint16_t>(p, par);
+    }
+  }
+};
+
+}  // namespace
+}  // namespace neuron::kernels

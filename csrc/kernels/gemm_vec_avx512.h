@@ -1,0 +1,36 @@
+// The AVX-512F float32 vector type GemmTiles runs on; included only by sources compiled
+// with AVX-512 flags (*.avx512.cpp, *.avx512bf16.cpp).
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace neuron::kernels::detail {
+namespace {
+
+struct Avx512Vec {
+  using Reg = __m512;
+  static constexpr int kWidth = 16;
+  static constexpr int kRegisters = 32;
+  static Reg zero() { return _mm512_setzero_ps(); }
+  static Reg load(const float* p) { return _mm512_loadu_ps(p); }
+  static Reg load(const uint16_t* p) {
+    const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+  }
+  static void store(float* p, Reg v) { _mm512_storeu_ps(p, v); }
+  static Reg set1(float v) { return _mm512_set1_ps(v); }
+  static Reg fma(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
+  static Reg add(Reg a, Reg b) { return _mm512_add_ps(a, b); }
+  static float sum(Reg v) {  // (GCC 12's _mm512_reduce_add_ps warns about undefined lanes)
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+};
+
+}  // namespace
+}  // namespace neuron::kernels::detail

@@ -1,0 +1,224 @@
+"""The native GEMM (csrc/kernels/gemm.h) behind neuron mm/addmm/bmm, eager and compiled.
+
+Results are compared with the CPU's on the same inputs. Tolerances: float32 products differ
+only in summation order (rtol 1e-5, atol 1e-6·k); bfloat16 products are rounded once from a
+float32 sum on both sides, so they differ by at most one bf16 ulp when the float32 sums
+straddle a rounding boundary (rtol 2^-7, atol 1e-3).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import run_python
+
+import torchneuron
+from torchneuron.native_gemm import native_gemm_calls, native_gemm_preferred, native_kernels_enabled
+
+DEV = "neuron"
+DTYPES = (torch.float32, torch.bfloat16)
+# (m, n, k): decode GEMV, odd sizes, k not a multiple of any vector width, a packed GEMM
+# spanning several K and N blocks.
+SHAPES = ((1, 37, 19), (1, 300, 770), (3, 5, 40), (8, 65, 33), (9, 71, 300), (130, 290, 270))
+
+
+def tolerances(dtype: torch.dtype, k: int) -> dict[str, float]:
+    if dtype == torch.float32:
+        return {"rtol": 1e-5, "atol": 1e-6 * max(k, 1)}
+    return {"rtol": 2**-7, "atol": 1e-3}
+
+
+def close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, k: int) -> None:
+    assert got.device.type == DEV and got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got.cpu(), want, **tolerances(dtype, k))
+
+
+def takes(dtype: torch.dtype, rows: int) -> int:
+    """1 if a product with `rows` output rows runs the native GEMM on this host, else 0: bf16
+    products above decode sizes go to oneDNN on hosts with native bf16 (gemm_preferred)."""
+    return int(native_gemm_preferred(dtype, rows))
+
+
+def counted(expected_native: int):
+    """Asserts the native GEMM ran `expected_native` times in the block (0 when switched off)."""
+
+    class Count:
+        def __enter__(self) -> None:
+            self.before = native_gemm_calls()
+
+        def __exit__(self, *exc: object) -> None:
+            if exc[0] is None:
+                want = expected_native if native_kernels_enabled() else 0
+                assert native_gemm_calls() - self.before == want
+
+    return Count()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_linear_transposes_match_cpu(dtype: torch.dtype, shape: tuple[int, int, int]) -> None:
+    m, n, k = shape
+    x, w, dy = torch.randn(m, k).to(dtype), torch.randn(n, k).to(dtype), torch.randn(m, n).to(dtype)
+    xd, wd, dyd = x.to(DEV), w.to(DEV), dy.to(DEV)
+    with counted(2 * takes(dtype, m) + takes(dtype, n)):
+        forward = xd @ wd.t()  # Y = X·Wᵀ
+        grad_input = dyd @ wd  # dY·W
+        grad_weight = dyd.t() @ xd  # dYᵀ·X
+    close(forward, x @ w.t(), dtype, k)
+    close(grad_input, dy @ w, dtype, n)
+    close(grad_weight, dy.t() @ x, dtype, m)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_addmm_bias_forms_and_scalars(dtype: torch.dtype) -> None:
+    m, n, k = 7, 45, 61
+    a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
+    for bias in (torch.randn(n), torch.randn(m, n), torch.randn(m, 1), torch.randn(1, n)):
+        bias = bias.to(dtype)
+        for beta, alpha in ((1, 1), (0.5, -2.0), (0, 1)):
+            with counted(takes(dtype, m)):
+                got = torch.addmm(bias.to(DEV), a.to(DEV), b.to(DEV), beta=beta, alpha=alpha)
+            close(got, torch.addmm(bias, a, b, beta=beta, alpha=alpha), dtype, k)
+    # beta=0 ignores the bias entirely, NaNs included, as on the CPU.
+    nan_bias = torch.full((n,), float("nan"), dtype=dtype)
+    got = torch.addmm(nan_bias.to(DEV), a.to(DEV), b.to(DEV), beta=0)
+    close(got, torch.addmm(nan_bias, a, b, beta=0), dtype, k)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_bmm_and_strided_views(dtype: torch.dtype) -> None:
+    a, b = torch.randn(3, 17, 40).to(dtype), torch.randn(3, 33, 40).to(dtype)
+    with counted(takes(dtype, 17) + takes(dtype, 9)):
+        got = torch.bmm(a.to(DEV), b.to(DEV).transpose(1, 2))
+        # A column slice: row stride wider than k.
+        sliced = torch.randn(9, 80).to(dtype)
+        got_slice = sliced.to(DEV)[:, 5:45] @ b[0].to(DEV).t()
+    close(got, torch.bmm(a, b.transpose(1, 2)), dtype, 40)
+    close(got_slice, sliced[:, 5:45] @ b[0].t(), dtype, 40)
+
+
+def test_preference_policy() -> None:
+    # Decode sizes and float32 always take the native GEMM; bf16 above decode sizes only on
+    # hosts without native bf16 (the policy benchmarks/gemm.py measured).
+    isa = torchneuron._C._kernel_isa()["isa"]
+    on = native_kernels_enabled()
+    assert native_gemm_preferred(torch.float32, 4096) == on
+    assert native_gemm_preferred(torch.bfloat16, 8) == on
+    assert native_gemm_preferred(torch.bfloat16, 64) == (on and isa in ("scalar", "avx2", "avx512"))
+    assert not native_gemm_preferred(torch.float16, 1)
+
+
+def test_ops_are_counted_under_their_names() -> None:
+    # Regression: one shared counter once charged every product to the first op's name.
+    a = torch.randn(3, 4, device=DEV)
+    torch.neuron.clear_op_tracking()
+    a @ a.t()
+    torch.addmm(torch.randn(3, device=DEV), a, a.t())
+    torch.addmm(torch.randn(3, device=DEV), a, a.t())
+    torch.bmm(a[None], a.t()[None])
+    executed = torch.neuron.get_executed_ops()
+    assert (executed["aten::mm"], executed["aten::addmm"], executed["aten::bmm"]) == (1, 2, 1)
+
+
+def test_empty_and_zero_k() -> None:
+    a, b = torch.randn(4, 0), torch.randn(0, 6)
+    got = a.to(DEV) @ b.to(DEV)
+    assert torch.equal(got.cpu(), torch.zeros(4, 6))
+    assert (torch.randn(0, 5).to(DEV) @ torch.randn(5, 3).to(DEV)).shape == (0, 3)
+
+
+def test_other_dtypes_and_errors_take_the_cpu_kernel() -> None:
+    a, b = torch.randn(5, 6, dtype=torch.float64), torch.randn(6, 4, dtype=torch.float64)
+    with counted(0):
+        got = a.to(DEV) @ b.to(DEV)
+        half = a.half().to(DEV) @ b.half().to(DEV)
+    assert torch.equal(got.cpu(), a @ b)
+    assert torch.equal(half.cpu(), a.half() @ b.half())
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        torch.randn(2, 3, device=DEV) @ torch.randn(4, 5, device=DEV)
+    with pytest.raises(RuntimeError, match="same dtype|expected"):
+        torch.mm(torch.randn(2, 3, device=DEV), torch.randn(3, 2, device=DEV).bfloat16())
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.mm(torch.randn(2, 3, device=DEV), torch.randn(3, 2))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_autograd_matches_cpu(dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    cpu = torch.nn.Linear(48, 30).to(dtype)
+    dev = torch.nn.Linear(48, 30).to(dtype).to(DEV)
+    dev.load_state_dict(cpu.state_dict())
+    x = torch.randn(6, 48).to(dtype)
+    xc, xd = x.clone().requires_grad_(), x.to(DEV).requires_grad_()
+    cpu(xc).square().sum().backward()
+    dev(xd).square().sum().backward()
+    tol = tolerances(dtype, 48) if dtype == torch.float32 else {"rtol": 2**-6, "atol": 2e-2}
+    torch.testing.assert_close(xd.grad.cpu(), xc.grad, **tol)
+    torch.testing.assert_close(dev.weight.grad.cpu(), cpu.weight.grad, **tol)
+    torch.testing.assert_close(dev.bias.grad.cpu(), cpu.bias.grad, **tol)
+
+
+def test_compiled_graph_calls_native_gemm() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, 10))
+    dev = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.ReLU(), torch.nn.Linear(96, 10))
+    dev.load_state_dict(model.state_dict())
+    compiled = torch.compile(dev.to(DEV), backend="neuron")
+    x = torch.randn(5, 64)
+    xd = x.to(DEV).requires_grad_()
+    compiled(xd)  # compile first, count the second call
+    eager_before = torch.neuron.get_executed_ops()
+    # Forward: 2 addmm; backward: 2 grad_weight + 2 grad_input mm.
+    with counted(6):
+        y = compiled(xd)
+        y.sum().backward()
+    eager_after = torch.neuron.get_executed_ops()
+    for op in ("aten::mm", "aten::addmm"):  # the graph's matmuls did not dispatch eagerly
+        assert eager_after.get(op, 0) == eager_before.get(op, 0)
+    xc = x.clone().requires_grad_()
+    model(xc).sum().backward()
+    torch.testing.assert_close(y.detach().cpu(), model(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(xd.grad.cpu(), xc.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_off_switch_restores_cpu_kernels() -> None:
+    result = run_python(
+        """
+        import torch, torchneuron
+        from torchneuron.native_gemm import native_gemm_calls
+        a, b = torch.randn(9, 70), torch.randn(70, 33)
+        got = a.to("neuron") @ b.to("neuron")
+        assert torch.equal(got.cpu(), a @ b)  # the CPU's own kernel: bitwise equal
+        f = torch.compile(lambda x, y: torch.relu(x @ y), backend="neuron")
+        assert torch.equal(f(a.to("neuron"), b.to("neuron")).cpu(), torch.relu(a @ b))
+        print("calls", native_gemm_calls())
+        """,
+        env={"TORCHNEURON_NATIVE_KERNELS": "0"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "calls 0" in result.stdout
+
+
+@pytest.mark.parametrize("isa", ["scalar", "avx2"])
+def test_lower_isa_levels_match_cpu(isa: str) -> None:
+    result = run_python(
+        """
+        import torch, torchneuron
+        from torchneuron.native_gemm import native_gemm_calls
+        assert torchneuron._C._kernel_isa()["isa"] == ISA
+        torch.manual_seed(0)
+        for dtype in (torch.float32, torch.bfloat16):
+            for m, n, k in ((1, 70, 37), (5, 33, 90), (70, 45, 300)):
+                x, w = torch.randn(m, k).to(dtype), torch.randn(n, k).to(dtype)
+                tol = dict(rtol=1e-5, atol=1e-6 * k) if dtype == torch.float32 else dict(
+                    rtol=2**-7, atol=1e-3)
+                got = (x.to("neuron") @ w.to("neuron").t()).cpu()
+                torch.testing.assert_close(got, x @ w.t(), **tol)
+                got = (x.to("neuron").t() @ x.to("neuron")).cpu()
+                torch.testing.assert_close(got, x.t() @ x, **dict(tol, atol=1e-6 * m + 1e-3))
+        print("calls", native_gemm_calls())
+        """.replace("ISA", repr(isa)),
+        env={"TORCHNEURON_KERNEL_ISA": isa},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "calls 12" in result.stdout
