@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from torchneuron.tools import module_coverage as mc
-from torchneuron.tools.conformance import COUNTED, CPU_ERROR, ERROR, EXACT, FAIL, PASS
+from torchneuron.tools.conformance import CLOSE, COUNTED, CPU_ERROR, ERROR, EXACT, FAIL, PASS
 
 FAST_MODULES = list(mc.FAST_MODULES)
 
@@ -92,7 +92,9 @@ def test_harness_detects_a_wrong_result(module_infos, monkeypatch):
 
     for mode in mc.MODES:
         passed = check(Exact, mode)
-        assert passed.status == PASS and passed.checked == EXACT, passed.line()
+        # within the CPU's tolerance, not bitwise: the native GEMM (csrc/kernels/gemm*) sums
+        # a Linear's products in its own order (bitwise with TORCHNEURON_NATIVE_KERNELS=0)
+        assert passed.status == PASS and passed.checked in (EXACT, CLOSE), passed.line()
     off = check(OffByOne, mc.TRAIN_FORWARD)
     assert off.status == FAIL and off.reason.startswith("output: ") and "not close" in off.reason
     assert check(OffByOne, mc.EVAL_NO_GRAD).status == FAIL
