@@ -109,7 +109,10 @@ def main() -> None:
     host = torchneuron._C._kernel_isa()
     threads = torch.get_num_threads()
     print(f"CPU: {host['model']}, ISA {host['isa']}; load average {os.getloadavg()[0]:.2f}")
-    print(f"torch threads: {threads} (kernels run single-threaded; eager-1t is eager on 1 thread)")
+    print(
+        f"torch threads: {threads} (row programs of >= 2^18 elements and torch.mm use them; "
+        "eager-1t is eager on 1 thread)"
+    )
     print("compiled = default (C++ row programs + numpy/torch.mm); numpy = the numpy program")
     header = ("kernel", "compiled", "numpy", "interp", "eager", "eager-1t", "c/eager", "c/eager-1t")
     print(f"{header[0]:36}" + "".join(f"{h:>11}" for h in header[1:]))
