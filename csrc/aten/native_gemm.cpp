@@ -174,17 +174,23 @@ std::optional<at::Tensor> addmm_bias(const at::Tensor& bias, const at::Tensor& m
 
 bool float_scalar(const at::Scalar& s) { return !s.isComplex(); }
 
+// addmm's bias as the native kernel reads it, or nullopt where PyTorch's kernel takes over
+// (complex scalars, non-broadcastable bias: PyTorch's kernel words that error).
+std::optional<at::Tensor> native_addmm_bias(const at::Tensor& self, const at::Tensor& mat1,
+                                            const std::optional<std::vector<int64_t>>& shape,
+                                            const at::Scalar& beta, const at::Scalar& alpha) {
+  if (!shape || !float_scalar(beta) || !float_scalar(alpha)) return std::nullopt;
+  try {
+    return addmm_bias(self, mat1, *shape);
+  } catch (const c10::Error&) {
+    return std::nullopt;
+  }
+}
+
 at::Tensor neuron_addmm(const at::Tensor& self, const at::Tensor& mat1, const at::Tensor& mat2,
                         const at::Scalar& beta, const at::Scalar& alpha) {
   const auto shape = native_shape(mat1, mat2, 2);
-  std::optional<at::Tensor> bias;
-  if (shape && float_scalar(beta) && float_scalar(alpha)) {
-    try {
-      bias = addmm_bias(self, mat1, *shape);
-    } catch (const c10::Error&) {
-      bias = std::nullopt;  // PyTorch's kernel words the broadcast error
-    }
-  }
+  const auto bias = native_addmm_bias(self, mat1, shape, beta, alpha);
   if (!bias) return on_host<at::_ops::addmm>("aten::addmm", self, mat1, mat2, beta, alpha);
   static OpCounter& counter = op_counter_named("aten::addmm");
   return native_product("aten::addmm", counter, mat1, mat2, *shape, &*bias, alpha.to<float>(),
@@ -212,14 +218,7 @@ at::Tensor cpu_native_bmm(const at::Tensor& self, const at::Tensor& mat2) {
 at::Tensor cpu_native_addmm(const at::Tensor& self, const at::Tensor& mat1, const at::Tensor& mat2,
                             const at::Scalar& beta, const at::Scalar& alpha) {
   const auto shape = native_shape(mat1, mat2, 2);
-  std::optional<at::Tensor> bias;
-  if (shape && float_scalar(beta) && float_scalar(alpha)) {
-    try {
-      bias = addmm_bias(self, mat1, *shape);
-    } catch (const c10::Error&) {
-      bias = std::nullopt;
-    }
-  }
+  const auto bias = native_addmm_bias(self, mat1, shape, beta, alpha);
   if (!bias) return at::addmm(self, mat1, mat2, beta, alpha);
   at::Tensor out = at::empty(*shape, mat1.options());
   run_gemm(mat1, mat2, &*bias, alpha.to<float>(), beta.to<float>(), out);

@@ -288,20 +288,30 @@ class StepLowering:
             raise NotLowerable
         return op
 
+    def _data_and_scalars(
+        self, step: Step, shape: tuple[int, ...], rows: int, names: tuple[str, ...]
+    ) -> tuple[Operand, list[Operand], list[str]]:
+        """A tile input and its per-partition/scalar operands (None ones skipped), with the
+        C++ that declares them: ``const float <name> = ...;`` per scalar operand."""
+        data = self._ins(step, shape, rows, pad=False, count=1)[0]
+        operands = [data]
+        lines: list[str] = []
+        for name, x in zip(names, step.ins[1:], strict=False):
+            if x is None:
+                continue
+            operands.append(self._scalar(x, step, shape, rows))
+            lines.append(f"const float {name} = {operands[-1].at(f'x{len(operands) - 1}')};")
+        return data, operands, self._declare(operands) + lines
+
     def _activation(self, step, lowering, outs, shapes, rows):  # noqa: ANN001, ANN202
         _, name, reduce = lowering
         template = row_cxx.UNARY.get(name)
         if template is None or (reduce is not None and reduce not in row_cxx.REDUCE):
             raise NotLowerable
-        x, scale, bias = step.ins
-        data = self._ins(step, shapes[0], rows, pad=False, count=1)[0]
-        operands = [data, self._scalar(scale, step, shapes[0], rows)]
-        if bias is not None:
-            operands.append(self._scalar(bias, step, shapes[0], rows))
-        lines = self._declare(operands)
-        lines.append("const float s = " + operands[1].at("x1") + ";")
-        b = operands[2].at("x2") if bias is not None else "0.0f"
-        lines.append(f"const float b = {b};")
+        if step.ins[1] is None:
+            raise NotLowerable  # no scale operand to declare
+        bias = step.ins[2]
+        data, operands, lines = self._data_and_scalars(step, shapes[0], rows, ("s", "b"))
         value = f"{data.at('x0')} * s" + (" + b" if bias is not None else "")
         if reduce is None:
             lines.append(f"for (long c = 0; c < {outs[0].free}; ++c) {{")
@@ -326,15 +336,8 @@ class StepLowering:
         second = row_cxx.BINARY.get(op1) if op1 is not None else "{a}"
         if first is None or second is None:
             raise NotLowerable
-        x, s0, s1 = step.ins
-        data = self._ins(step, shapes[0], rows, pad=False, count=1)[0]
-        operands = [data, self._scalar(s0, step, shapes[0], rows)]
-        if op1 is not None:
-            operands.append(self._scalar(s1, step, shapes[0], rows))
-        lines = self._declare(operands)
-        lines.append("const float s0 = " + operands[1].at("x1") + ";")
-        if op1 is not None:
-            lines.append("const float s1 = " + operands[2].at("x2") + ";")
+        names = ("s0", "s1") if op1 is not None else ("s0",)
+        data, operands, lines = self._data_and_scalars(step, shapes[0], rows, names)
         inner = first.format(a="s0", b="op_v") if reverse0 else first.format(a="op_v", b="s0")
         outer = second.format(a="s1", b="t") if reverse1 else second.format(a="t", b="s1")
         lines.append(f"for (long c = 0; c < {outs[0].free}; ++c) {{")
