@@ -13,15 +13,44 @@ namespace {
 thread_local std::vector<const Stream*> t_running;
 }  // namespace
 
-void Stream::enqueue(std::function<void()> task) {
-  std::lock_guard<std::recursive_mutex> exec(exec_mutex_);
-  std::vector<std::pair<std::shared_ptr<Stream>, uint64_t>> waits;
+Stream::Stream(int priority) : priority_(priority), asynchronous_(nrt_launch_blocking() == 0) {}
+
+Stream::~Stream() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    waits.swap(waits_);
+    stopping_ = true;
   }
-  for (const auto& wait : waits) wait.first->wait_reached(wait.second);
-  launched_.fetch_add(1);
+  queue_cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+}
+
+void Stream::enqueue(std::function<void()> task) {
+  // A task that launches on its own stream (blocking-mode semantics) runs inline: queueing
+  // it behind the running task would reorder it after work the task waits for.
+  if (!asynchronous_ || running_on_this_thread()) {
+    std::lock_guard<std::recursive_mutex> exec(exec_mutex_);
+    Task inline_task{std::move(task), {}};
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      inline_task.waits.swap(waits_);
+      launched_.fetch_add(1);
+    }
+    run_task(inline_task);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Task queued{std::move(task), {}};
+    queued.waits.swap(waits_);
+    queue_.push_back(std::move(queued));
+    launched_.fetch_add(1);
+    if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
+  }
+  queue_cv_.notify_one();
+}
+
+void Stream::run_task(Task& task) {
+  for (const auto& wait : task.waits) wait.first->wait_reached(wait.second);
   t_running.push_back(this);
   struct Finish {  // completes the task even if it throws, so waiters are never stranded
     Stream* stream;
@@ -30,7 +59,26 @@ void Stream::enqueue(std::function<void()> task) {
       stream->mark_completed();
     }
   } finish{this};
-  task();
+  task.run();
+}
+
+void Stream::worker_loop() {
+  for (;;) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and nothing left
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    try {
+      run_task(task);
+    } catch (...) {
+      // Callers catch their own errors inside the task (the runtime has no one to give
+      // them to); an escaped one must not end the process from a worker thread.
+    }
+  }
 }
 
 void Stream::mark_completed() {
@@ -48,8 +96,13 @@ void Stream::mark_completed() {
 }
 
 void Stream::add_wait(std::shared_ptr<Stream> source, uint64_t target) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  waits_.emplace_back(std::move(source), target);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    waits_.emplace_back(std::move(source), target);
+  }
+  // Asynchronously the wait is a queue entry of its own, so synchronize() and events
+  // recorded after it cover it even if no other work is launched.
+  if (asynchronous_) enqueue([] {});
 }
 
 void Stream::when_reached(uint64_t target, std::function<void()> callback) {

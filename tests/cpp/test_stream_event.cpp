@@ -41,25 +41,75 @@ TEST_F(StreamEventTest, DefaultStreamExistsAndNewStreamsGetNewIndices) {
   EXPECT_CONTAINS(last_error(), "neuron:1 has no stream 2");
 }
 
-TEST_F(StreamEventTest, TasksRunInLaunchOrder) {
+TEST_F(StreamEventTest, TasksRunInLaunchOrderPerStream) {
   int s = 0;
   ASSERT_NRT_OK(nrt_stream_create(0, 0, &s));
-  std::vector<int> order;
+  std::vector<int> order[2];
   std::vector<Recorder> recorders;
-  for (int i = 0; i < 100; ++i) recorders.push_back({&order, i});
+  for (int i = 0; i < 100; ++i) recorders.push_back({&order[i % 2], i});
   for (int i = 0; i < 100; ++i) {
     ASSERT_NRT_OK(nrt_stream_launch(0, i % 2 ? s : 0, append, &recorders[i]));
   }
   ASSERT_NRT_OK(nrt_device_synchronize(0));
-  ASSERT_EQ(order.size(), 100u);
-  for (int i = 0; i < 100; ++i) EXPECT_EQ(order[i], i);
+  for (int parity = 0; parity < 2; ++parity) {
+    ASSERT_EQ(order[parity].size(), 50u);
+    for (int j = 0; j < 50; ++j) EXPECT_EQ(order[parity][j], 2 * j + parity);
+  }
   EXPECT_NRT_OK(nrt_stream_query(0, s));
+}
+
+TEST_F(StreamEventTest, LaunchReturnsBeforeTheWorkRunsUnlessBlocking) {
+  ASSERT_EQ(nrt_launch_blocking(), 0);  // the default mode
+  int s = 0;
+  ASSERT_NRT_OK(nrt_stream_create(0, 0, &s));
+  std::atomic<bool> release{false}, ran{false};
+  auto task = [&] {
+    while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ran = true;
+  };
+  ASSERT_NRT_OK(launch_lambda(0, s, task));  // would never return if it ran inline
+  EXPECT_FALSE(ran);
+  EXPECT_EQ(nrt_stream_query(0, s), NRT_NOT_READY);
+  release = true;
+  ASSERT_NRT_OK(nrt_stream_synchronize(0, s));
+  EXPECT_TRUE(ran);
+
+  setenv("NEURON_LAUNCH_BLOCKING", "1", 1);
+  int blocking = 0;
+  ASSERT_NRT_OK(nrt_stream_create(0, 0, &blocking));  // the mode is read at creation
+  unsetenv("NEURON_LAUNCH_BLOCKING");
+  bool inline_ran = false;
+  auto mark = [&] { inline_ran = true; };
+  ASSERT_NRT_OK(launch_lambda(0, blocking, mark));
+  EXPECT_TRUE(inline_ran);
+}
+
+TEST_F(StreamEventTest, WaitEventAloneIsCoveredBySynchronize) {
+  int producer = 0, consumer = 0;
+  ASSERT_NRT_OK(nrt_stream_create(0, 0, &producer));
+  ASSERT_NRT_OK(nrt_stream_create(0, 0, &consumer));
+  std::atomic<bool> release{false}, done{false};
+  auto produce = [&] {
+    while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    done = true;
+  };
+  ASSERT_NRT_OK(launch_lambda(0, producer, produce));
+  nrt_event_t e = nullptr;
+  ASSERT_NRT_OK(nrt_event_create(NRT_EVENT_DEFAULT, &e));
+  ASSERT_NRT_OK(nrt_event_record(e, 0, producer));
+  ASSERT_NRT_OK(nrt_stream_wait_event(0, consumer, e));
+  EXPECT_EQ(nrt_stream_query(0, consumer), NRT_NOT_READY);  // waiting is pending work
+  release = true;
+  ASSERT_NRT_OK(nrt_stream_synchronize(0, consumer));
+  EXPECT_TRUE(done);
+  EXPECT_NRT_OK(nrt_event_destroy(e));
 }
 
 TEST_F(StreamEventTest, QueryIsNotReadyWhileWorkRuns) {
   nrt_status inside = NRT_SUCCESS;
   auto task = [&] { inside = nrt_stream_query(0, 0); };
   ASSERT_NRT_OK(launch_lambda(0, 0, task));
+  ASSERT_NRT_OK(nrt_stream_synchronize(0, 0));
   EXPECT_EQ(inside, NRT_NOT_READY);
   EXPECT_NRT_OK(nrt_stream_query(0, 0));
 }
@@ -74,6 +124,7 @@ TEST_F(StreamEventTest, SynchronizingOwnStreamFromATaskIsRefused) {
     other = nrt_stream_synchronize(0, 0);
   };
   ASSERT_NRT_OK(launch_lambda(0, s, task));
+  ASSERT_NRT_OK(nrt_stream_synchronize(0, s));
   EXPECT_EQ(own, NRT_INVALID_ARGUMENT);
   EXPECT_EQ(device, NRT_INVALID_ARGUMENT);
   EXPECT_EQ(other, NRT_SUCCESS);
@@ -172,6 +223,7 @@ TEST_F(StreamEventTest, ElapsedTimeErrors) {
     elapsed = nrt_event_elapsed_ms(timing, unrecorded, &ms);
   };
   ASSERT_NRT_OK(launch_lambda(0, 0, task));
+  ASSERT_NRT_OK(nrt_stream_synchronize(0, 0));
   EXPECT_EQ(query, NRT_NOT_READY);
   EXPECT_EQ(elapsed, NRT_NOT_READY);
   EXPECT_NRT_OK(nrt_event_query(unrecorded));
@@ -213,6 +265,7 @@ TEST_F(StreamEventTest, WaitEventOrdersWorkAcrossStreamsAndThreads) {
   EXPECT_TRUE(producer_done);
   producer_thread.join();
   consumer_thread.join();
+  ASSERT_NRT_OK(nrt_stream_synchronize(1, consumer));
   EXPECT_TRUE(consumer_ran);
   EXPECT_TRUE(consumer_saw_producer_done);
   EXPECT_NRT_OK(nrt_stream_query(0, producer));
