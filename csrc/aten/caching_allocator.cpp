@@ -480,8 +480,21 @@ DeviceCache& cache_for(c10::DeviceIndex device) {
   return *device_caches()[static_cast<size_t>(device)];
 }
 
+thread_local std::vector<ReservedAllocations::Block>* tls_reserved = nullptr;
+
+// A served reservation is released by its owner, never by the kernel it was lent to.
+bool is_served_reservation(const void* ptr) {
+  if (tls_reserved == nullptr) return false;
+  for (const auto& block : *tls_reserved) {
+    if (block.served && block.ptr == ptr) return true;
+  }
+  return false;
+}
+
+void release_reservation(void* /*ptr*/) {}
+
 void free_device_memory(void* ptr) {
-  if (ptr == nullptr) return;
+  if (ptr == nullptr || is_served_reservation(ptr)) return;
   for (auto& cache : device_caches()) {
     if (cache->free(ptr)) return;
   }
@@ -525,6 +538,14 @@ c10::DataPtr CachingAllocator::allocate_on(c10::DeviceIndex device, size_t nbyte
     check_device_index(device);
     return c10::DataPtr(nullptr, where);
   }
+  if (C10_UNLIKELY(tls_reserved != nullptr)) {
+    for (auto& reserved : *tls_reserved) {
+      if (!reserved.served && reserved.nbytes == nbytes) {
+        reserved.served = true;
+        return c10::DataPtr(reserved.ptr, reserved.ptr, &release_reservation, where);
+      }
+    }
+  }
   Block* block = cache_for(device).allocate(nbytes, current_stream(device).id());
   return c10::DataPtr(block->ptr, block->ptr, &free_device_memory, where);
 }
@@ -540,11 +561,13 @@ void CachingAllocator::count_external(c10::DeviceIndex device, size_t nbytes, bo
 }
 
 bool CachingAllocator::owns(const c10::DataPtr& data_ptr) {
-  return data_ptr.get_deleter() == &free_device_memory;
+  return data_ptr.get_deleter() == &free_device_memory ||
+         data_ptr.get_deleter() == &release_reservation;
 }
 
 bool CachingAllocator::free_if_owned(void* ptr) {
   if (ptr == nullptr || !nrt_is_initialized()) return false;
+  if (is_served_reservation(ptr)) return true;
   for (auto& cache : device_caches()) {
     if (cache->free(ptr)) return true;
   }
@@ -584,5 +607,11 @@ std::pair<size_t, size_t> CachingAllocator::getMemoryInfo(c10::DeviceIndex devic
   NEURON_CHECK(nrt_mem_get_info(device, &used, &capacity));
   return {static_cast<size_t>(capacity - used), static_cast<size_t>(capacity)};
 }
+
+ReservedAllocations::ReservedAllocations(std::vector<Block>* blocks) : previous_(tls_reserved) {
+  tls_reserved = blocks;
+}
+
+ReservedAllocations::~ReservedAllocations() { tls_reserved = previous_; }
 
 }  // namespace torchneuron

@@ -7,6 +7,7 @@
 #include <c10/core/CachingDeviceAllocator.h>
 
 #include <string>
+#include <vector>
 
 namespace torchneuron {
 
@@ -38,6 +39,26 @@ class CachingAllocator final : public c10::DeviceAllocator {
 };
 
 CachingAllocator& caching_allocator();
+
+// While alive on a thread, an allocation there of exactly a reserved block's size is served
+// from that block (each block once) without owning it: the block already belongs to a
+// result its caller holds (async_launch.h), so the kernel writes that result in place.
+// Freeing a served block while the scope lives does nothing.
+class ReservedAllocations {
+ public:
+  struct Block {
+    void* ptr;
+    size_t nbytes;
+    bool served;
+  };
+  explicit ReservedAllocations(std::vector<Block>* blocks);
+  ~ReservedAllocations();
+  ReservedAllocations(const ReservedAllocations&) = delete;
+  ReservedAllocations& operator=(const ReservedAllocations&) = delete;
+
+ private:
+  std::vector<Block>* previous_;
+};
 
 std::string format_bytes(uint64_t bytes);
 

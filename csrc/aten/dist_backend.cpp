@@ -1,3 +1,4 @@
+#include "async_launch.h"
 #include "dist_backend.h"
 
 #include <ATen/ATen.h>
@@ -63,6 +64,7 @@ void* host_bytes(const at::Tensor& t, const char* what) {
     C10_THROW_ERROR(DistBackendError, std::string("neuron backend: ") + what + " got a tensor on " +
                                           t.device().str() + "; it takes neuron or CPU tensors");
   }
+  wait_for_device_work();  // launched work that writes the tensor completes first
   return t.data_ptr();
 }
 

@@ -3,6 +3,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
+#include "async_launch.h"
 #include "caching_allocator.h"
 #include "device_state.h"
 #include "runtime_status.h"
@@ -104,16 +105,20 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return true;
   }
 
+  // Synchronizing raises an error that launched work hit (async_launch.h).
   void synchronizeStream(const c10::Stream& stream) const override {
     NEURON_CHECK(nrt_stream_synchronize(stream.device_index(), static_cast<int>(stream.id())));
+    raise_launch_error();
   }
 
   void synchronizeEvent(void* event) const override {
     if (event != nullptr) NEURON_CHECK(nrt_event_synchronize(as_event(event)));
+    raise_launch_error();
   }
 
   void synchronizeDevice(const c10::DeviceIndex device_index) const override {
     NEURON_CHECK(nrt_device_synchronize(resolve_device_index(device_index)));
+    raise_launch_error();
   }
 
   void recordDataPtrOnStream(const c10::DataPtr& data_ptr,

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "allocation_redirect.h"
+#include "async_launch.h"
 #include "caching_allocator.h"
 #include "op_tracking.h"
 
@@ -69,6 +70,9 @@ c10::Storage held(c10::StorageImpl* storage) {
 }  // namespace
 
 at::Tensor HostAliasSet::alias(const at::Tensor& device_tensor) {
+  // A host view of device memory is read on this thread now: launched work that may write
+  // it completes first (free when nothing is pending, and on stream workers).
+  wait_for_device_work();
   const c10::Storage& device = device_tensor.unsafeGetTensorImpl()->unsafe_storage();
   c10::StorageImpl* device_storage = device.unsafeGetStorageImpl();
   c10::StorageImpl* host = host_storage_for(device_storage);
@@ -109,7 +113,7 @@ at::Tensor HostAliasSet::alias(const at::Tensor& device_tensor) {
 
 HostAliasSet::~HostAliasSet() {
   if (created_.empty()) return;
-  if (pool_ == nullptr) pool_ = &tls_alias_pool;
+  pool_ = &tls_alias_pool;  // the destroying thread's pool
   for (at::Tensor& alias : created_) {
     // Recyclable when only this set holds the tensor, and its storage is held by the tensor
     // and this set's table alone (no other alias, view or result shares it). The pooled alias keeps

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "allocation_redirect.h"
+#include "async_launch.h"
 #include "bulk_registration.h"
 #include "caching_allocator.h"
 #include "device_activity.h"
@@ -122,17 +123,22 @@ void run_on_host_kernels(const c10::OperatorHandle& op, torch::jit::Stack* stack
   const size_t first = stack->size() - num_args;
 
   DevicePlacement placement(plan.name.c_str());
+  size_t argument_bytes = 0;
+  auto visit = [&](const at::Tensor& t, const char* arg, bool host_allowed) {
+    placement.visit(t, arg, host_allowed);
+    if (t.defined()) argument_bytes += t.nbytes();
+  };
   for (size_t i = 0; i < num_args; ++i) {
     const c10::IValue& value = (*stack)[first + i];
     const char* arg = schema.arguments()[i].name().c_str();
     const bool host_allowed = plan.allows_host[i];
     if (value.isTensor()) {
-      placement.visit(value.toTensor(), arg, host_allowed);
+      visit(value.toTensor(), arg, host_allowed);
     } else if (value.isTensorList()) {
-      for (const at::Tensor& t : value.toTensorList()) placement.visit(t, arg, host_allowed);
+      for (const at::Tensor& t : value.toTensorList()) visit(t, arg, host_allowed);
     } else if (value.isOptionalTensorList()) {
       for (const std::optional<at::Tensor> t : value.toOptionalTensorList()) {
-        if (t.has_value()) placement.visit(*t, arg, host_allowed);
+        if (t.has_value()) visit(*t, arg, host_allowed);
       }
     } else if (value.isDevice()) {
       placement.visit_device(value.toDevice());
@@ -143,6 +149,8 @@ void run_on_host_kernels(const c10::OperatorHandle& op, torch::jit::Stack* stack
     return;
   }
   const c10::DeviceIndex device = placement.device();
+  if (async_candidate(argument_bytes) && launch_async(op, stack, device)) return;
+  wait_for_device_work();
 
   HostAliasSet aliases;
   c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 2> written;  // (neuron tensor, alias)

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "allocation_redirect.h"
+#include "async_launch.h"
 #include "device_activity.h"
 #include "device_placement.h"
 #include "host_alias.h"
@@ -103,6 +104,11 @@ struct HostArg<const at::ITensorListRef&> {
 };
 
 template <class T>
+struct TypeTag {
+  using type = T;
+};
+
+template <class T>
 struct IsTensorTuple : std::false_type {};
 template <class... T>
 struct IsTensorTuple<std::tuple<T...>> : std::conjunction<std::is_same<T, at::Tensor>...> {};
@@ -123,6 +129,14 @@ struct TypedHostKernel<Op, Ret(Args...)> {
     TypedCall call(Op::name);
     (call.visit(args), ...);
     const c10::DeviceIndex device = call.device();
+    if (async_candidate(tensor_bytes(args...))) {
+      static const c10::OperatorHandle handle =
+          c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
+      if (auto results = launch_async_unboxed<Args...>(handle, device, args...)) {
+        return from_stack(*results, args...);
+      }
+    }
+    wait_for_device_work();
     std::tuple<typename HostArg<Args>::type...> host(call.to_host(args)...);
     if constexpr (std::is_same_v<Ret, at::Tensor&>) {
       // In place: the kernel writes through the alias; the neuron argument is the result.
@@ -159,6 +173,30 @@ struct TypedHostKernel<Op, Ret(Args...)> {
                           result);
       }
     }
+  }
+
+  // The result of an asynchronous launch: the first mutable argument for an in-place op,
+  // else the fresh results the launch left on the stack.
+  static Ret from_stack(torch::jit::Stack& results, Args&... args) {
+    if constexpr (std::is_same_v<Ret, at::Tensor&>) {
+      at::Tensor* first = nullptr;
+      auto pick = [&first](auto& value, auto tag) {
+        if constexpr (std::is_same_v<typename decltype(tag)::type, at::Tensor&>) {
+          if (first == nullptr) first = &value;
+        }
+      };
+      (pick(args, TypeTag<Args>{}), ...);
+      return *first;
+    } else if constexpr (std::is_same_v<Ret, at::Tensor>) {
+      return std::move(results[0]).toTensor();
+    } else {
+      return tuple_from(results, std::make_index_sequence<std::tuple_size_v<Ret>>{});
+    }
+  }
+
+  template <size_t... I>
+  static Ret tuple_from(torch::jit::Stack& results, std::index_sequence<I...>) {
+    return Ret(std::move(results[I]).toTensor()...);
   }
 
   // Writes every mutable tensor argument's alias back and returns the first of them.

@@ -17,6 +17,7 @@
 #include <optional>
 #include <tuple>
 
+#include "async_launch.h"
 #include "device_activity.h"
 #include "native_kernels.h"
 #include "row_kernels.h"
@@ -46,6 +47,7 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
   static std::atomic<uint64_t>& runs = native_kernel_counter("torchneuron::silu_mul");
   const auto dtype = kernel_dtype({&gate, &up});
   if (!dtype) return at::mul(at::silu(gate), up);
+  wait_for_device_work();  // it reads device memory on this thread
   // Inside a compiled graph (CPU aliases) the graph's own span covers the call.
   std::optional<DeviceActivitySpan> span;
   if (!gate.device().is_cpu()) {
@@ -70,6 +72,7 @@ std::tuple<at::Tensor, at::Tensor> silu_mul_backward(const at::Tensor& grad, con
   if (!dtype) {
     return {at::silu_backward(at::mul(grad, up), gate), at::mul(grad, at::silu(gate))};
   }
+  wait_for_device_work();  // it reads device memory on this thread
   // Inside a compiled graph (CPU aliases) the graph's own span covers the call.
   std::optional<DeviceActivitySpan> span;
   if (!gate.device().is_cpu()) {

@@ -17,6 +17,7 @@
 #include <optional>
 
 #include "allocation_redirect.h"
+#include "async_launch.h"
 #include "device_activity.h"
 #include "device_placement.h"
 #include "fma_peak.h"
@@ -146,6 +147,7 @@ at::Tensor native_product(const char* name, OpCounter& counter, const at::Tensor
 }
 
 at::Tensor neuron_mm(const at::Tensor& self, const at::Tensor& mat2) {
+  if (auto launched = launch_or_wait<at::_ops::mm>(self, mat2)) return *launched;
   const auto shape = native_shape(self, mat2, 2);
   if (!shape) return on_host<at::_ops::mm>("aten::mm", self, mat2);
   static OpCounter& counter = op_counter_named("aten::mm");
@@ -153,6 +155,7 @@ at::Tensor neuron_mm(const at::Tensor& self, const at::Tensor& mat2) {
 }
 
 at::Tensor neuron_bmm(const at::Tensor& self, const at::Tensor& mat2) {
+  if (auto launched = launch_or_wait<at::_ops::bmm>(self, mat2)) return *launched;
   const auto shape = native_shape(self, mat2, 3);
   if (!shape) return on_host<at::_ops::bmm>("aten::bmm", self, mat2);
   static OpCounter& counter = op_counter_named("aten::bmm");
@@ -189,6 +192,9 @@ std::optional<at::Tensor> native_addmm_bias(const at::Tensor& self, const at::Te
 
 at::Tensor neuron_addmm(const at::Tensor& self, const at::Tensor& mat1, const at::Tensor& mat2,
                         const at::Scalar& beta, const at::Scalar& alpha) {
+  if (auto launched = launch_or_wait<at::_ops::addmm>(self, mat1, mat2, beta, alpha)) {
+    return *launched;
+  }
   const auto shape = native_shape(mat1, mat2, 2);
   const auto bias = native_addmm_bias(self, mat1, shape, beta, alpha);
   if (!bias) return on_host<at::_ops::addmm>("aten::addmm", self, mat1, mat2, beta, alpha);
@@ -240,7 +246,10 @@ TORCH_LIBRARY_FRAGMENT(torchneuron, m) {
       "native_addmm(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1) "
       "-> Tensor");
   // How many products the native GEMM computed in this process (tests, benchmarks).
-  m.def("native_gemm_calls() -> int", [] { return native_gemm_calls.load(); });
+  m.def("native_gemm_calls() -> int", [] {
+    wait_for_device_work();  // count launched products too
+    return native_gemm_calls.load();
+  });
   // Whether a product of this dtype and row count takes the native GEMM (else oneDNN).
   m.def("native_gemm_preferred(ScalarType dtype, int m) -> bool", [](c10::ScalarType dtype,
                                                                      int64_t m) {

@@ -11,6 +11,7 @@
 #include <torch/library.h>
 
 #include "allocation_redirect.h"
+#include "async_launch.h"
 #include "caching_allocator.h"
 #include "device_activity.h"
 #include "device_placement.h"
@@ -91,6 +92,7 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
                                        static_cast<size_t>(self.storage_offset()));
   c10::StorageImpl* storage = impl->storage().unsafeGetStorageImpl();
   if (needed > storage->nbytes()) {
+    wait_for_device_work();  // launched work may still use the old memory
     try {
       resize_device_storage(storage, needed);
     } catch (...) {
@@ -142,6 +144,7 @@ at::Tensor& set_empty(at::Tensor& self) {
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
   static OpCounter& counter = op_counter_named("aten::_copy_from");
   count(counter);
+  wait_for_device_work();
   HostAliasSet aliases;
   const at::Tensor src_host = is_device_tensor(self) ? aliases.alias(self) : self;
   const at::Tensor dst_host = is_device_tensor(dst) ? aliases.alias(dst) : dst;
@@ -158,10 +161,21 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
 // copy_ itself, for the same copies. PyTorch's generic copy_ would check its arguments,
 // dispatch _copy_from, and the host copy_ there would check them again: running the host
 // copy_ once over the aliases does the work once (half the cost of a small copy).
-at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool /*non_blocking*/) {
+at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
+  if (self.is_same(src)) return self;
+  // Into device memory it can run later (a host source is snapshotted); out of it, the
+  // host reads the values now, so launched work completes first.
+  if (is_device_tensor(self) && async_candidate(self.nbytes() + src.nbytes())) {
+    static const c10::OperatorHandle handle =
+        c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy_", "");
+    if (launch_async_unboxed<at::Tensor&, const at::Tensor&, bool>(handle, self.device().index(),
+                                                                   self, src, non_blocking)) {
+      return self;
+    }
+  }
+  wait_for_device_work();
   static OpCounter& counter = op_counter_named("aten::copy_");
   count(counter);
-  if (self.is_same(src)) return self;
   HostAliasSet aliases;
   at::Tensor dst_host = is_device_tensor(self) ? aliases.alias(self) : self;
   const at::Tensor src_host = is_device_tensor(src) ? aliases.alias(src) : src;
@@ -190,6 +204,7 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 at::Scalar local_scalar_dense(const at::Tensor& self) {
   static OpCounter& counter = op_counter_named("aten::_local_scalar_dense");
   count(counter);
+  wait_for_device_work();
   HostAliasSet aliases;
   const DeviceActivitySpan span(DeviceActivityKind::kMemcpy, memcpy_activity_name(true, false),
                                 self.device().index());
@@ -232,6 +247,7 @@ at::Tensor histc(const at::Tensor& self, int64_t bins, const at::Scalar& min,
   if (at::isIntegralType(self.scalar_type(), /*includeBool=*/true)) {
     return at::histc(self.to(at::kDouble), bins, min, max).to(self.scalar_type());
   }
+  wait_for_device_work();
   const c10::DeviceIndex device = self.device().index();
   HostAliasSet aliases;
   at::Tensor host_self = aliases.alias(self);

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <optional>
 
+#include "async_launch.h"
 #include "device_activity.h"
 #include "device_placement.h"
 #include "host_kernel_executor.h"
@@ -84,6 +85,7 @@ class NativeRun {
 
 template <bool kLog, class Op>
 at::Tensor softmax_forward(const at::Tensor& self, int64_t dim, bool half_to_float) {
+  if (auto launched = launch_or_wait<Op>(self, dim, half_to_float)) return *launched;
   static OpCounter& executed = op_counter_named(Op::name);
   static std::atomic<uint64_t>& runs = native_kernel_counter(Op::name);
   const auto dtype = native_dtype({&self});
@@ -106,6 +108,7 @@ at::Tensor softmax_forward(const at::Tensor& self, int64_t dim, bool half_to_flo
 template <bool kLog, class Op>
 at::Tensor softmax_backward(const at::Tensor& grad_output, const at::Tensor& output, int64_t dim,
                             at::ScalarType input_dtype) {
+  if (auto launched = launch_or_wait<Op>(grad_output, output, dim, input_dtype)) return *launched;
   static OpCounter& executed = op_counter_named(Op::name);
   static std::atomic<uint64_t>& runs = native_kernel_counter(Op::name);
   const auto dtype = native_dtype({&grad_output, &output});
@@ -128,6 +131,7 @@ at::Tensor softmax_backward(const at::Tensor& grad_output, const at::Tensor& out
 
 at::Tensor silu(const at::Tensor& self) {
   using Op = at::_ops::silu;
+  if (auto launched = launch_or_wait<Op>(self)) return *launched;
   static OpCounter& executed = op_counter_named(Op::name);
   static std::atomic<uint64_t>& runs = native_kernel_counter(Op::name);
   const auto dtype = native_dtype({&self});
@@ -147,6 +151,7 @@ at::Tensor silu(const at::Tensor& self) {
 
 at::Tensor silu_backward(const at::Tensor& grad_output, const at::Tensor& self) {
   using Op = at::_ops::silu_backward;
+  if (auto launched = launch_or_wait<Op>(grad_output, self)) return *launched;
   static OpCounter& executed = op_counter_named(Op::name);
   static std::atomic<uint64_t>& runs = native_kernel_counter(Op::name);
   const auto dtype = native_dtype({&grad_output, &self});

@@ -8,6 +8,7 @@
 #include <map>
 #include <string>
 
+#include "async_launch.h"
 #include "caching_allocator.h"
 #include "compiled_graph_call.h"
 #include "cpu_features.h"
@@ -95,8 +96,17 @@ PYBIND11_MODULE(_C, m) {
   m.def("_get_device_properties", &device_properties);
   m.def("_chip_profiles", &chip_profiles);
   m.def("_synchronize", [](int64_t device) {
-    NEURON_CHECK(
-        nrt_device_synchronize(torchneuron::checked_device_index(device, /*allow_current=*/true)));
+    const auto index = torchneuron::checked_device_index(device, /*allow_current=*/true);
+    {
+      py::gil_scoped_release no_gil;
+      NEURON_CHECK(nrt_device_synchronize(index));
+    }
+    torchneuron::raise_launch_error();
+  });
+  // Before Python code reads device memory itself (NKI kernels): launched work completes.
+  m.def("_wait_for_device_work", [] {
+    py::gil_scoped_release no_gil;
+    torchneuron::wait_for_device_work();
   });
   m.def("_kernel_isa", [] {
     // The host CPU and the instruction set our kernels (csrc/kernels) run with.
@@ -106,7 +116,10 @@ PYBIND11_MODULE(_C, m) {
         {"isa", neuron::kernels::isa_name(neuron::kernels::isa_level())}};
   });
   m.def("_native_kernels_enabled", &torchneuron::native_kernels_enabled);
-  m.def("_native_kernel_runs", &torchneuron::native_kernel_runs);
+  m.def("_native_kernel_runs", [] {
+    torchneuron::wait_for_device_work();  // count launched work too
+    return torchneuron::native_kernel_runs();
+  });
   m.def("_launch_blocking", [] { return nrt_launch_blocking() != 0; });
   m.def("_mem_get_info", [](int64_t device) {
     return torchneuron::caching_allocator().getMemoryInfo(
@@ -129,7 +142,17 @@ PYBIND11_MODULE(_C, m) {
                                       reinterpret_cast<nrt_event_t>(end), &ms));
     return ms;
   });
-  m.def("_executed_ops", [] { return torchneuron::executed_ops(); });
-  m.def("_fallback_ops", [] { return torchneuron::fallback_ops(); });
-  m.def("_clear_op_tracking", [] { torchneuron::clear_op_tracking(); });
+  // Counts include launched work, so they wait for it.
+  m.def("_executed_ops", [] {
+    torchneuron::wait_for_device_work();
+    return torchneuron::executed_ops();
+  });
+  m.def("_fallback_ops", [] {
+    torchneuron::wait_for_device_work();
+    return torchneuron::fallback_ops();
+  });
+  m.def("_clear_op_tracking", [] {
+    torchneuron::wait_for_device_work();
+    torchneuron::clear_op_tracking();
+  });
 }

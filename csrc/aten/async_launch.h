@@ -1,0 +1,110 @@
+// Asynchronous launches. By default a neuron op whose results' shapes do not depend on data
+// is launched on its stream's worker (csrc/runtime/stream.h) and returns at once, so Python
+// and dispatch overlap with compute, as on the device:
+//  - the calling thread runs the op's meta kernel for its results' shapes, dtypes and
+//    strides, allocates them, and enqueues the op over snapshots of its arguments;
+//  - the worker runs the same neuron kernel inline; allocations of the results' sizes
+//    there are served from the results' memory (ReservedAllocations), so a kernel that
+//    allocates its own result writes it in place;
+//  - every kernel that touches device memory on the calling thread first waits for the
+//    launched work (wait_for_device_work), which also raises an error the work hit.
+// NEURON_LAUNCH_BLOCKING=1 turns all of this off: every op runs on the calling thread.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/boxing/impl/boxing.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+#include <cstddef>
+#include <optional>
+#include <type_traits>
+#include <utility>
+
+namespace torchneuron {
+
+// Ops launch asynchronously (NEURON_LAUNCH_BLOCKING is not 1); read once per process.
+bool async_launches();
+// True while this thread runs launched work (a stream worker): kernels run inline there.
+bool on_stream_worker();
+// Waits until all launched work has completed and raises the first error it hit, naming
+// the op. Costs one atomic load when nothing is pending; does nothing on a stream worker.
+void wait_for_device_work();
+// Raises (once) the first error launched work hit since the last call, if any.
+void raise_launch_error();
+
+// Whether an op with `argument_bytes` of tensor arguments should try launching
+// asynchronously: launches are asynchronous, this is not a worker, and work is already
+// pending or the op is large enough (TORCHNEURON_ASYNC_MIN_BYTES, default 256 KiB) to repay
+// the meta kernel and the hand-off.
+bool async_candidate(size_t argument_bytes);
+
+// Launches `op` (arguments on `stack`, as a boxed kernel gets them) on the current stream of
+// `device` and replaces the arguments by its results. False, with the stack untouched, when
+// the op cannot run asynchronously (data-dependent shapes, random numbers, host tensors,
+// results that alias arguments, a meta kernel that fails, ...): the caller then waits for
+// launched work and runs the op inline.
+bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                  c10::DeviceIndex device);
+
+// The bytes of an op's tensor arguments (for async_candidate).
+template <class... Args>
+size_t tensor_bytes(const Args&... args) {
+  size_t total = 0;
+  auto add = [&total](const auto& value) {
+    using Plain = std::decay_t<decltype(value)>;
+    if constexpr (std::is_same_v<Plain, at::Tensor>) {
+      if (value.defined()) total += value.nbytes();
+    } else if constexpr (std::is_same_v<Plain, std::optional<at::Tensor>>) {
+      if (value.has_value() && value->defined()) total += value->nbytes();
+    } else if constexpr (std::is_same_v<Plain, at::ITensorListRef>) {
+      for (const at::Tensor& t : value) total += t.nbytes();
+    }
+  };
+  (add(args), ...);
+  return total;
+}
+
+// launch_async for a typed (unboxed) kernel: its results as a stack, or nullopt.
+template <class... Args>
+std::optional<torch::jit::Stack> launch_async_unboxed(const c10::OperatorHandle& op,
+                                                      c10::DeviceIndex device,
+                                                      const Args&... args) {
+  torch::jit::Stack stack = c10::impl::boxArgs<const Args&...>(args...);
+  if (!launch_async(op, &stack, device)) return std::nullopt;
+  return stack;
+}
+
+// The index of the first neuron tensor argument, or -1.
+template <class... Args>
+c10::DeviceIndex first_device(const Args&... args) {
+  c10::DeviceIndex device = -1;
+  auto look = [&device](const auto& value) {
+    if constexpr (std::is_same_v<std::decay_t<decltype(value)>, at::Tensor>) {
+      if (device < 0 && value.defined() && value.device().type() == c10::DeviceType::PrivateUse1) {
+        device = value.device().index();
+      }
+    }
+  };
+  (look(args), ...);
+  return device;
+}
+
+// At the top of a neuron kernel with one tensor result (at::_ops::<op> `Op`): launches the
+// call asynchronously when it can and returns its result; otherwise waits for launched work
+// and returns nullopt, and the kernel runs inline.
+template <class Op, class... Args>
+std::optional<at::Tensor> launch_or_wait(const Args&... args) {
+  const c10::DeviceIndex device = first_device(args...);
+  if (device >= 0 && async_candidate(tensor_bytes(args...))) {
+    static const c10::OperatorHandle handle =
+        c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
+    if (auto results = launch_async_unboxed<const Args&...>(handle, device, args...)) {
+      return std::move((*results)[0]).toTensor();
+    }
+  }
+  wait_for_device_work();
+  return std::nullopt;
+}
+
+}  // namespace torchneuron
