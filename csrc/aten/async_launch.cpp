@@ -1,6 +1,8 @@
 #include "async_launch.h"
 
 #include <ATen/Parallel.h>
+#include <Python.h>
+#include <c10/core/Allocator.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/util/Exception.h>
@@ -11,12 +13,15 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
 #include "caching_allocator.h"
+#include "device_activity.h"
 #include "device_state.h"
 #include "host_alias.h"
 #include "runtime_status.h"
@@ -50,10 +55,99 @@ size_t min_async_bytes() {
 struct AsyncPlan {
   bool eligible = true;
   std::vector<bool> is_written;     // per argument: mutated in place (Tensor(a!))
+  std::vector<bool> allows_host;    // per argument: CPU tensors accepted (index lists)
   std::vector<int> return_aliases;  // per return: index of the argument it returns, or -1
   std::string name;
-  std::atomic<int> meta_failures{0};  // after a few, the op stays on the inline path
+  std::atomic<int> meta_failures{0};        // after a few, the op stays on the inline path
+  std::atomic<bool> meta_disagreed{false};  // a result's shape was not the meta kernel's
+  // The CPU kernel refuses tensor arguments of different dtypes, which the meta kernel
+  // does not check: such calls run inline, so the error comes from the call.
+  bool same_dtypes = false;
 };
+
+bool refuses_mixed_dtypes(const std::string& name) {
+  static const std::unordered_set<std::string> products = {
+      "aten::mm",
+      "aten::bmm",
+      "aten::addmm",
+      "aten::baddbmm",
+      "aten::addmv",
+      "aten::mv",
+      "aten::_scaled_dot_product_flash_attention_for_cpu",
+      "aten::_scaled_dot_product_flash_attention_for_cpu_backward"};
+  return products.count(name) != 0;
+}
+
+bool mixes_dtypes(const torch::jit::Stack& stack, size_t first) {
+  std::optional<c10::ScalarType> seen;
+  for (size_t i = first; i < stack.size(); ++i) {
+    if (!stack[i].isTensor() || !stack[i].toTensor().defined()) continue;
+    const c10::ScalarType type = stack[i].toTensor().scalar_type();
+    if (seen && *seen != type) return true;
+    seen = type;
+  }
+  return false;
+}
+
+// Ops whose meta kernel is known to describe exactly what the CPU kernel computes: every
+// elementwise op, reduction and in-place op (TensorIterator's shape rules on both sides),
+// foreach and fused optimizer ops, and the hot ops of transformer training and inference.
+// Other meta kernels can differ (batch norm in evaluation returns empty saved statistics on
+// the CPU and full-size ones on meta, embedding_bag's offset2bag has other sizes, and
+// layer norm's saved statistics are float32 on meta but bfloat16 on the CPU for bfloat16
+// inputs): those ops run inline, after launched work.
+bool meta_matches_cpu(const c10::OperatorHandle& op) {
+  if (op.hasTag(at::Tag::pointwise) || op.hasTag(at::Tag::reduction) ||
+      op.hasTag(at::Tag::inplace)) {
+    return true;
+  }
+  const std::string& qualified = op.schema().name();
+  if (qualified.rfind("aten::", 0) != 0) return false;
+  const std::string name = qualified.substr(6);
+  if (name.rfind("_foreach_", 0) == 0 || name.rfind("_fused_", 0) == 0) return true;
+  static const std::unordered_set<std::string> known = {
+      "mm",
+      "bmm",
+      "addmm",
+      "baddbmm",
+      "addmv",
+      "mv",
+      "_softmax",
+      "_log_softmax",
+      "_softmax_backward_data",
+      "_log_softmax_backward_data",
+      "_scaled_dot_product_flash_attention_for_cpu",
+      "_scaled_dot_product_flash_attention_for_cpu_backward",
+      "cat",
+      "stack",
+      "index_select",
+      "embedding",
+      "embedding_dense_backward",
+      "gather",
+      "scatter",
+      "scatter_add",
+      "_to_copy",
+      "constant_pad_nd",
+      "tril",
+      "triu",
+      "cumsum",
+      "arange",
+      "full",
+      "nll_loss_forward",
+      "nll_loss_backward",
+      "topk",
+      "repeat",
+      "select_backward",
+      "slice_backward",
+      "gelu_backward",
+      "silu_backward",
+      "threshold_backward",
+      "sigmoid_backward",
+      "tanh_backward",
+      "softplus_backward",
+      "_unsafe_index"};
+  return known.count(name) != 0;
+}
 
 constexpr int kMetaFailuresBeforeGivingUp = 8;
 
@@ -75,6 +169,8 @@ std::unique_ptr<AsyncPlan> make_plan(const c10::OperatorHandle& op) {
   auto plan = std::make_unique<AsyncPlan>();
   const c10::FunctionSchema& schema = op.schema();
   plan->name = c10::toString(schema.operator_name());
+  if (!meta_matches_cpu(op)) plan->eligible = false;
+  plan->same_dtypes = refuses_mixed_dtypes(schema.name());
   // Shapes that depend on data, random draws (the generator's state is read on the host)
   // and ops that change a tensor's geometry in place run inline.
   for (at::Tag tag : {at::Tag::dynamic_output_shape, at::Tag::data_dependent_output,
@@ -90,6 +186,7 @@ std::unique_ptr<AsyncPlan> make_plan(const c10::OperatorHandle& op) {
     }
     plan->is_written.push_back(argument.alias_info() != nullptr &&
                                argument.alias_info()->isWrite());
+    plan->allows_host.push_back(argument.real_type()->str() == "Tensor?[]");
   }
   for (const auto& ret : schema.returns()) {
     // Results must be tensors: a number or a bool (item, equal, ...) is read from data.
@@ -135,7 +232,8 @@ class MetaArguments {
   explicit MetaArguments(c10::DeviceIndex device) : device_(device) {}
 
   // The meta form of `value`; false when the op cannot launch asynchronously.
-  bool convert(const c10::IValue& value, bool written, c10::IValue* out) {
+  bool convert(const c10::IValue& value, bool written, bool host_allowed, c10::IValue* out) {
+    host_allowed_ = host_allowed;
     if (value.isTensor()) {
       at::Tensor meta;
       if (!tensor(value.toTensor(), written, &meta)) return false;
@@ -174,7 +272,8 @@ class MetaArguments {
   // (a resize or re-pointing must run inline, where write-back carries it over).
   bool written_unchanged() const {
     for (const auto& [meta, original] : written_) {
-      if (!same_geometry(meta, original) || meta.storage().nbytes() != original.storage().nbytes() ||
+      if (!same_geometry(meta, original) ||
+          meta.storage().nbytes() != original.storage().nbytes() ||
           meta.storage().unsafeGetStorageImpl() != storage_for(original)) {
         return false;
       }
@@ -197,8 +296,10 @@ class MetaArguments {
       return true;
     }
     if (t.device().is_cpu()) {
-      if (written) return false;  // a host tensor written by a device op: run inline
-      *out = t;                   // scalars and index lists are read by the meta kernel as is
+      // CPU scalars and index lists are read by the meta kernel as they are; any other host
+      // tensor is an error the inline run words (meta kernels do not check devices).
+      if (written || (t.dim() != 0 && !host_allowed_)) return false;
+      *out = t;
       return true;
     }
     if (t.device().type() != c10::DeviceType::PrivateUse1 || t.device().index() != device_ ||
@@ -234,6 +335,7 @@ class MetaArguments {
   }
 
   c10::DeviceIndex device_;
+  bool host_allowed_ = false;  // the argument being converted accepts host tensors
   c10::SmallVector<std::pair<const c10::StorageImpl*, c10::Storage>, 4> storages_;
   c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 2> written_;  // (meta, neuron original)
 };
@@ -243,7 +345,14 @@ class MetaArguments {
 // host tensor a copy of its values as they are now.
 at::Tensor snapshot(const at::Tensor& t) {
   if (!t.defined()) return t;
-  if (t.device().is_cpu()) return t.clone();
+  if (t.device().is_cpu()) {
+    at::Tensor copy = t.clone();
+    // A Python number wrapped as a tensor promotes types as a number, not as a tensor.
+    if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
+      copy.unsafeGetTensorImpl()->set_wrapped_number(true);
+    }
+    return copy;
+  }
   return device_tensor_on(t.storage(), t);
 }
 
@@ -286,19 +395,24 @@ bool allocate_result(const at::Tensor& meta, const MetaArguments& arguments,
 // One launched op, owned by its task.
 struct LaunchedOp {
   c10::OperatorHandle op;
-  const AsyncPlan* plan;
-  torch::jit::Stack stack;           // snapshots of the arguments
-  std::vector<c10::IValue> results;  // per return: the caller's fresh results, or None
+  AsyncPlan* plan;
+  torch::jit::Stack stack;  // snapshots of the arguments
+  // Per return: the caller's fresh results as objects of the task's own, over the same
+  // storages, or None. The caller's tensor objects may be Python objects, and releasing
+  // one's last reference here would take the GIL.
+  std::vector<c10::IValue> results;
   std::vector<ReservedAllocations::Block> reserved;
   c10::DeviceIndex device;
   c10::Stream stream;
   int threads;
+  uint64_t correlation;  // the profiled op that launched it (device_activity.h), or 0
 
   void run() {
     tls_on_worker = true;
     if (current_device() != device) set_device(device);
     if (current_stream(device) != stream) exchange_stream(stream);
     if (at::get_num_threads() != threads) at::set_num_threads(threads);
+    if (correlation != 0) push_launch_correlation(correlation);
     try {
       {
         const ReservedAllocations scope(&reserved);
@@ -315,11 +429,12 @@ struct LaunchedOp {
           {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
           "neuron: " + plan->name + " failed while running asynchronously: " + error.what())));
     }
+    if (correlation != 0) pop_launch_correlation();
   }
 
   // Puts each result the kernel computed into the memory the caller already holds, unless
   // it is there already (it was allocated from the reservation).
-  void settle() {
+  void settle() const {
     const size_t first = stack.size() - results.size();
     for (size_t j = 0; j < results.size(); ++j) {
       const c10::IValue& computed = stack[first + j];
@@ -333,8 +448,17 @@ struct LaunchedOp {
     }
   }
 
-  static void settle_one(const at::Tensor& computed, const at::Tensor& target) {
+  void settle_one(const at::Tensor& computed, const at::Tensor& target) const {
     if (!computed.defined() || !target.defined()) return;
+    if (computed.sizes() != target.sizes() || computed.dtype() != target.dtype()) {
+      // The caller already holds a result of the meta kernel's shape: it cannot change now.
+      plan->meta_disagreed.store(true);
+      TORCH_CHECK(false, "neuron: ", plan->name, " computed a result of shape ", computed.sizes(),
+                  " and dtype ", computed.dtype(), " where its meta kernel said ", target.sizes(),
+                  " and ", target.dtype(),
+                  "; the op now runs inline. Please report this; NEURON_LAUNCH_BLOCKING=1 "
+                  "avoids it");
+    }
     const void* at = computed.storage().data();
     if (at == target.storage().data() && same_geometry(computed, target) &&
         computed.dtype() == target.dtype()) {
@@ -372,6 +496,8 @@ bool on_stream_worker() { return tls_on_worker; }
 
 bool async_candidate(size_t argument_bytes) {
   if (!async_launches() || tls_on_worker) return false;
+  // A memory profile records allocations and frees on the thread that profiles.
+  if (C10_UNLIKELY(c10::memoryProfilingEnabled())) return false;
   return g_pending.load(std::memory_order_relaxed) > 0 || argument_bytes >= min_async_bytes();
 }
 
@@ -386,11 +512,28 @@ void raise_launch_error() {
   if (error) std::rethrow_exception(error);
 }
 
+WaitingWithoutGil::WaitingWithoutGil() {
+  if (Py_IsInitialized() != 0 && PyGILState_Check() != 0) {
+    saved_ = PyEval_SaveThread();
+  }
+}
+
+WaitingWithoutGil::~WaitingWithoutGil() {
+  if (saved_ != nullptr) PyEval_RestoreThread(static_cast<PyThreadState*>(saved_));
+}
+
 void wait_for_device_work() {
   if (tls_on_worker) return;
   if (g_pending.load(std::memory_order_acquire) != 0) {
     const c10::DeviceIndex count = device_count();
-    for (c10::DeviceIndex d = 0; d < count; ++d) NEURON_CHECK(nrt_device_synchronize(d));
+    nrt_status status = NRT_SUCCESS;
+    {
+      const WaitingWithoutGil no_gil;
+      for (c10::DeviceIndex d = 0; d < count && status == NRT_SUCCESS; ++d) {
+        status = nrt_device_synchronize(d);
+      }
+    }
+    NEURON_CHECK(status);
   }
   raise_launch_error();
 }
@@ -398,12 +541,13 @@ void wait_for_device_work() {
 bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                   c10::DeviceIndex device) {
   AsyncPlan& plan = plan_for(op);
-  if (!plan.eligible || plan.meta_failures.load(std::memory_order_relaxed) >=
-                            kMetaFailuresBeforeGivingUp) {
+  if (!plan.eligible || plan.meta_disagreed.load(std::memory_order_relaxed) ||
+      plan.meta_failures.load(std::memory_order_relaxed) >= kMetaFailuresBeforeGivingUp) {
     return false;
   }
   const size_t num_args = op.schema().arguments().size();
   const size_t first = stack->size() - num_args;
+  if (plan.same_dtypes && mixes_dtypes(*stack, first)) return false;
 
   // Shapes, dtypes and strides of the results, from the meta kernel.
   MetaArguments arguments(device);
@@ -411,7 +555,10 @@ bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   meta.reserve(num_args);
   for (size_t i = 0; i < num_args; ++i) {
     c10::IValue converted;
-    if (!arguments.convert((*stack)[first + i], plan.is_written[i], &converted)) return false;
+    if (!arguments.convert((*stack)[first + i], plan.is_written[i], plan.allows_host[i],
+                           &converted)) {
+      return false;
+    }
     meta.push_back(std::move(converted));
   }
   try {
@@ -423,8 +570,15 @@ bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   }
   if (!arguments.written_unchanged()) return false;
 
-  auto launched = std::make_unique<LaunchedOp>(LaunchedOp{
-      op, &plan, {}, {}, {}, device, current_stream(device), at::get_num_threads()});
+  auto launched = std::make_unique<LaunchedOp>(LaunchedOp{op,
+                                                          &plan,
+                                                          {},
+                                                          {},
+                                                          {},
+                                                          device,
+                                                          current_stream(device),
+                                                          at::get_num_threads(),
+                                                          current_launch_correlation()});
   std::vector<c10::IValue> results;  // what the caller gets
   results.reserve(meta.size());
   c10::SmallVector<const c10::StorageImpl*, 4> seen;
@@ -439,7 +593,7 @@ bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack,
       at::Tensor out;
       if (!allocate_result(meta[j].toTensor(), arguments, seen, device, &out)) return false;
       results.emplace_back(out);
-      launched->results.emplace_back(out);
+      launched->results.emplace_back(snapshot(out));
     } else if (meta[j].isTensorList()) {
       c10::List<at::Tensor> outs;
       for (const at::Tensor& m : meta[j].toTensorList()) {
@@ -447,8 +601,8 @@ bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack,
         if (!allocate_result(m, arguments, seen, device, &out)) return false;
         outs.push_back(out);
       }
-      results.emplace_back(outs);
-      launched->results.emplace_back(outs);
+      launched->results.emplace_back(snapshot(c10::IValue(outs)));
+      results.emplace_back(std::move(outs));
     } else if (meta[j].isNone()) {
       results.emplace_back();
       launched->results.emplace_back();

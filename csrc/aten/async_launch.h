@@ -30,13 +30,27 @@ bool on_stream_worker();
 // Waits until all launched work has completed and raises the first error it hit, naming
 // the op. Costs one atomic load when nothing is pending; does nothing on a stream worker.
 void wait_for_device_work();
+// While alive, a thread that holds Python's GIL has released it: launched work may need it
+// (dropping the last reference to a tensor that Python once saw), so a thread that waits
+// for that work while holding it would wait forever.
+class WaitingWithoutGil {
+ public:
+  WaitingWithoutGil();
+  ~WaitingWithoutGil();
+  WaitingWithoutGil(const WaitingWithoutGil&) = delete;
+  WaitingWithoutGil& operator=(const WaitingWithoutGil&) = delete;
+
+ private:
+  void* saved_ = nullptr;  // PyThreadState*
+};
+
 // Raises (once) the first error launched work hit since the last call, if any.
 void raise_launch_error();
 
 // Whether an op with `argument_bytes` of tensor arguments should try launching
 // asynchronously: launches are asynchronous, this is not a worker, and work is already
 // pending or the op is large enough (TORCHNEURON_ASYNC_MIN_BYTES, default 256 KiB) to repay
-// the meta kernel and the hand-off.
+// the meta kernel and the hand-off, and no memory profile is recording on this thread.
 bool async_candidate(size_t argument_bytes);
 
 // Launches `op` (arguments on `stack`, as a boxed kernel gets them) on the current stream of
@@ -44,8 +58,7 @@ bool async_candidate(size_t argument_bytes);
 // the op cannot run asynchronously (data-dependent shapes, random numbers, host tensors,
 // results that alias arguments, a meta kernel that fails, ...): the caller then waits for
 // launched work and runs the op inline.
-bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack,
-                  c10::DeviceIndex device);
+bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceIndex device);
 
 // The bytes of an op's tensor arguments (for async_candidate).
 template <class... Args>

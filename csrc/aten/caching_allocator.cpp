@@ -14,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "async_launch.h"
 #include "device_state.h"
 #include "runtime_status.h"
 #include "stream_state.h"
@@ -148,6 +149,12 @@ class DeviceCache {
     if (it == allocated_.end()) return false;
     if (stream != it->second->stream) it->second->stream_uses.insert(stream);
     return true;
+  }
+
+  // Returns blocks whose other-stream uses (record_stream) have completed to the pool.
+  void process_pending_events() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    process_pending(/*wait=*/false);
   }
 
   void empty_cache() {
@@ -311,7 +318,9 @@ class DeviceCache {
     if (status == NRT_OUT_OF_MEMORY) {
       // Give cached, unused segments back and try once more before reporting.
       stats_.num_alloc_retries += 1;
-      process_pending(/*wait=*/true);
+      // Waiting here, under the lock, for a stream whose worker may need this lock would
+      // never end; with asynchronous launches allocate_on waits unlocked and retries.
+      process_pending(/*wait=*/!async_launches());
       release_whole_segments(small_free_);
       release_whole_segments(large_free_);
       release_cached_on_other_devices(device_);
@@ -546,7 +555,18 @@ c10::DataPtr CachingAllocator::allocate_on(c10::DeviceIndex device, size_t nbyte
       }
     }
   }
-  Block* block = cache_for(device).allocate(nbytes, current_stream(device).id());
+  const c10::StreamId stream = current_stream(device).id();
+  Block* block = nullptr;
+  try {
+    block = cache_for(device).allocate(nbytes, stream);
+  } catch (const c10::OutOfMemoryError&) {
+    // Launched work holds memory until it completes (its arguments, results and scratch)
+    // and blocks used on other streams wait for them: let it finish, then try once more.
+    if (!async_launches() || on_stream_worker()) throw;
+    wait_for_device_work();
+    cache_for(device).process_pending_events();
+    block = cache_for(device).allocate(nbytes, stream);
+  }
   return c10::DataPtr(block->ptr, block->ptr, &free_device_memory, where);
 }
 
@@ -578,6 +598,7 @@ bool CachingAllocator::initialized() { return nrt_is_initialized() != 0; }
 
 void CachingAllocator::emptyCache(c10::MempoolId_t /*mempool_id*/) {
   if (!initialized()) return;
+  wait_for_device_work();  // blocks launched work still holds are released first
   for (auto& cache : device_caches()) cache->empty_cache();
 }
 
@@ -588,6 +609,9 @@ void CachingAllocator::recordStream(const c10::DataPtr& ptr, c10::Stream stream)
 }
 
 c10::CachingDeviceAllocator::DeviceStats CachingAllocator::getDeviceStats(c10::DeviceIndex device) {
+  // Launched work holds its arguments until it completes: counting after it makes the
+  // figures those of the program order, as on a device where a free is immediate.
+  wait_for_device_work();
   return cache_for(resolve_device_index(device)).stats();
 }
 

@@ -60,6 +60,12 @@ std::vector<DeviceActivity> stop_device_tracing() {
 
 void push_launch_correlation(uint64_t id) { tls_launch.current().push_back(id); }
 
+uint64_t current_launch_correlation() {
+  if (!device_tracing()) return 0;
+  const auto& correlations = tls_launch.current();
+  return correlations.empty() ? 0 : correlations.back();
+}
+
 void pop_launch_correlation() {
   auto& correlations = tls_launch.current();
   if (!correlations.empty()) correlations.pop_back();

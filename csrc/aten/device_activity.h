@@ -1,7 +1,7 @@
 // The device's side of a profile: which kernels and copies ran on which neuron stream, and
-// when. Streams run their work on the launching thread today, so a kernel's device time is
-// the span during which its host kernel ran over device memory. While no profiler collects,
-// a span costs one relaxed atomic load.
+// when. A kernel's device time is the span during which its host kernel ran over device
+// memory, on the launching thread or, when launched asynchronously, on the stream's worker. While
+// no profiler collects, a span costs one relaxed atomic load.
 #pragma once
 
 #include <c10/core/Device.h>
@@ -40,6 +40,9 @@ std::vector<DeviceActivity> stop_device_tracing();
 // span records is attributed to the innermost op when the span begins.
 void push_launch_correlation(uint64_t id);
 void pop_launch_correlation();
+// The innermost op's correlation id on this thread (0: none), for work launched to run on
+// another thread (a stream worker), which pushes it while it runs that work.
+uint64_t current_launch_correlation();
 
 // Records one activity covering its lifetime. Spans nested on one thread (an op that runs
 // other neuron ops) record only the outermost, so device time is not counted twice.

@@ -1,4 +1,3 @@
-#include "async_launch.h"
 #include "dist_backend.h"
 
 #include <ATen/ATen.h>
@@ -17,6 +16,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <vector>
 
+#include "async_launch.h"
 #include "shm_group.h"
 
 namespace py = pybind11;

@@ -107,17 +107,35 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   // Synchronizing raises an error that launched work hit (async_launch.h).
   void synchronizeStream(const c10::Stream& stream) const override {
-    NEURON_CHECK(nrt_stream_synchronize(stream.device_index(), static_cast<int>(stream.id())));
+    nrt_status status = NRT_SUCCESS;
+    {
+      const WaitingWithoutGil no_gil;
+      status = nrt_stream_synchronize(stream.device_index(), static_cast<int>(stream.id()));
+    }
+    NEURON_CHECK(status);
     raise_launch_error();
   }
 
   void synchronizeEvent(void* event) const override {
-    if (event != nullptr) NEURON_CHECK(nrt_event_synchronize(as_event(event)));
+    if (event != nullptr) {
+      nrt_status status = NRT_SUCCESS;
+      {
+        const WaitingWithoutGil no_gil;
+        status = nrt_event_synchronize(as_event(event));
+      }
+      NEURON_CHECK(status);
+    }
     raise_launch_error();
   }
 
   void synchronizeDevice(const c10::DeviceIndex device_index) const override {
-    NEURON_CHECK(nrt_device_synchronize(resolve_device_index(device_index)));
+    const c10::DeviceIndex device = resolve_device_index(device_index);
+    nrt_status status = NRT_SUCCESS;
+    {
+      const WaitingWithoutGil no_gil;
+      status = nrt_device_synchronize(device);
+    }
+    NEURON_CHECK(status);
     raise_launch_error();
   }
 

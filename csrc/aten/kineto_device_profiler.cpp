@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "async_launch.h"
 #include "device_activity.h"
 
 namespace torchneuron {
@@ -40,6 +41,7 @@ class NeuronProfilerSession final : public libkineto::IActivityProfilerSession {
   }
 
   void stop() override {
+    wait_for_device_work();  // kernels launched inside the profile are part of it
     collected_ = stop_device_tracing();
     status_ = libkineto::TraceStatus::PROCESSING;
   }
