@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 import torch
-import torchneuron
 from conftest import describe, run_python
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, record_function
+
+import torchneuron
 
 MIB = 1 << 20
 # CPU op times come from PyTorch's approximate clock converted to Unix time, device times

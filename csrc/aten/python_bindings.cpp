@@ -120,7 +120,8 @@ PYBIND11_MODULE(_C, m) {
     torchneuron::wait_for_device_work();  // count launched work too
     return torchneuron::native_kernel_runs();
   });
-  m.def("_launch_blocking", [] { return nrt_launch_blocking() != 0; });
+  // The mode this process launches in (NEURON_LAUNCH_BLOCKING, read once).
+  m.def("_launch_blocking", [] { return !torchneuron::async_launches(); });
   m.def("_mem_get_info", [](int64_t device) {
     return torchneuron::caching_allocator().getMemoryInfo(
         torchneuron::checked_device_index(device, /*allow_current=*/true));

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import _C
 from . import codegen, row_programs, runtime
 from .errors import NkiError
 from .hbm_io import Allocator, HbmArg, launch_device, to_hbm, write_back
@@ -124,6 +125,8 @@ class Kernel:
 
     def _run(self, args: tuple[Any, ...], kwargs: dict[str, Any], compiled: bool) -> Any:
         device = launch_device(list(args) + list(kwargs.values()))
+        # The kernel reads and writes device memory from this thread: launched ops first.
+        _C._wait_for_device_work()
         converted = [to_hbm(a) or a for a in args]
         converted_kw = {k: to_hbm(v) or v for k, v in kwargs.items()}
         hbm_args = [

@@ -1,0 +1,217 @@
+"""Asynchronous launches (csrc/aten/async_launch.h): ops run on their stream's worker.
+
+References: the CPU's result of the same computation, and the blocking mode
+(NEURON_LAUNCH_BLOCKING=1, in a subprocess) for where an error surfaces. Tests that need
+every op to launch asynchronously, whatever its size, set TORCHNEURON_ASYNC_MIN_BYTES=0 in a
+subprocess; in this process the default threshold (256 KiB) applies.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from conftest import run_python
+
+import torchneuron
+
+DEV = "neuron"
+BIG = 1536  # a 1536³ product takes tens of milliseconds on this host: long enough to observe
+
+pytestmark = pytest.mark.skipif(
+    torchneuron._C._launch_blocking(), reason="NEURON_LAUNCH_BLOCKING=1: launches are inline"
+)
+
+
+def _check(result: torch.Tensor, expected: torch.Tensor) -> None:
+    # fp32 products of different blockings: within 1e-4 relative.
+    torch.testing.assert_close(result.cpu(), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_large_op_returns_before_it_completes() -> None:
+    a = torch.randn(BIG, BIG)
+    x = a.to(DEV)
+    torch.neuron.synchronize()
+    y = x @ x
+    assert not torch.neuron.current_stream().query()  # still running on the worker
+    torch.neuron.synchronize()
+    assert torch.neuron.current_stream().query()
+    _check(y, a @ a)
+
+
+def test_chains_of_launched_ops_match_the_cpu() -> None:
+    torch.manual_seed(0)
+    a, w = torch.randn(256, 512), torch.randn(512, 512) / 20
+    x, wd = a.to(DEV), w.to(DEV)
+    y, ref = x, a
+    for _ in range(6):
+        y = torch.nn.functional.gelu(y @ wd) + y.softmax(-1)
+        ref = torch.nn.functional.gelu(ref @ w) + ref.softmax(-1)
+    s, s_ref = y.sum(0), ref.sum(0)
+    _check(s, s_ref)  # .cpu() waits
+    assert y.shape == ref.shape and y.dtype == ref.dtype and y.stride() == ref.stride()
+
+
+def test_in_place_ops_and_metadata_changes_keep_program_order() -> None:
+    a = torch.randn(BIG, BIG)
+    x = a.to(DEV)
+    y = x @ x  # launched, reads x
+    x.add_(1)  # launched after it, on the same stream
+    x.t_()  # changes x's geometry on this thread only
+    _check(y, a @ a)
+    _check(x, (a + 1).t())
+
+
+def test_memory_of_a_freed_argument_is_not_reused_while_work_reads_it() -> None:
+    a = torch.randn(BIG, BIG)
+    x = a.to(DEV)
+    y = x @ x
+    del x  # the launched product still holds it
+    z = torch.full((BIG, BIG), 7.0, device=DEV)  # same size: would get x's block
+    _check(y, a @ a)
+    assert bool((z == 7).all())
+
+
+def test_results_are_written_in_place_without_copies() -> None:
+    torchneuron._C._clear_op_tracking()
+    x = torch.randn(512, 1024, device=DEV)
+    values, indices = x.topk(5, dim=-1)
+    m = x.amax(-1) + x.sum(-1)
+    ref = x.cpu()
+    torch.testing.assert_close(values.cpu(), ref.topk(5, dim=-1).values)
+    assert torch.equal(indices.cpu(), ref.topk(5, dim=-1).indices)
+    torch.testing.assert_close(m.cpu(), ref.amax(-1) + ref.sum(-1), rtol=1e-5, atol=1e-4)
+    assert not torchneuron._C._fallback_ops()
+
+
+def test_data_dependent_ops_wait_for_launched_work() -> None:
+    a = torch.randn(BIG, BIG)
+    x = a.to(DEV)
+    y = (x @ x) > 0  # launched
+    assert torch.equal(y.nonzero().cpu(), ((a @ a) > 0).nonzero())  # nonzero runs inline
+    assert (x @ x).sum().item() == pytest.approx((a @ a).sum().item(), rel=1e-3)
+
+
+def test_side_stream_waits_for_an_event_of_the_default_stream() -> None:
+    a = torch.randn(BIG, BIG)
+    x = a.to(DEV)
+    side = torch.neuron.Stream()
+    y = x @ x  # default stream
+    done = torch.neuron.Event()
+    done.record()
+    with torch.neuron.stream(side):
+        side.wait_event(done)
+        z = y * 2  # on the side stream, after the product
+    side.synchronize()
+    _check(z, (a @ a) * 2)
+
+
+def test_python_threads_launch_concurrently() -> None:
+    a = torch.randn(384, 384)
+    results: dict[int, torch.Tensor] = {}
+
+    def work(k: int) -> None:
+        x = (a + k).to(DEV)
+        for _ in range(3):
+            x = x @ x / 384
+        results[k] = x.cpu()
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k in range(3):
+        ref = a + k
+        for _ in range(3):
+            ref = ref @ ref / 384
+        torch.testing.assert_close(results[k], ref, rtol=1e-4, atol=1e-4)
+
+
+_ERROR_PROGRAM = """
+import torch, torchneuron
+table = torch.randn(100_000, 4, device="neuron")  # 1.6 MB: launched asynchronously
+bad = torch.tensor([0, 100_000], device="neuron")
+try:
+    rows = table.index_select(0, bad)
+    print("returned")
+    torch.neuron.synchronize()
+    print("no error")
+except IndexError as error:
+    print("IndexError:", str(error).splitlines()[0])
+    print("blocking hint" if "NEURON_LAUNCH_BLOCKING=1" in str(error) else "no hint")
+ok = torch.ones(3, device="neuron") * 2  # the device works on after the error
+print("after", ok.sum().item())
+"""
+
+
+def test_an_error_in_launched_work_surfaces_at_the_next_synchronization() -> None:
+    result = run_python(_ERROR_PROGRAM)
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert lines[0] == "returned"
+    assert "index out of range" in lines[1] and "aten::index_select" in lines[1]
+    assert lines[2] == "blocking hint"
+    assert lines[3] == "after 6.0"
+
+
+def test_blocking_launches_raise_where_the_op_is_called() -> None:
+    result = run_python(_ERROR_PROGRAM, env={"NEURON_LAUNCH_BLOCKING": "1"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("IndexError:") and "index out of range" in lines[0]
+    assert "asynchronously" not in lines[0]
+    assert lines[1:] == ["no hint", "after 6.0"]
+
+
+def test_blocking_mode_runs_every_op_before_returning() -> None:
+    code = f"""
+    import torch, torchneuron
+    assert torchneuron._C._launch_blocking()
+    x = torch.randn({BIG}, {BIG}, device="neuron")
+    y = x @ x
+    print(torch.neuron.current_stream().query())
+    """
+    result = run_python(code, env={"NEURON_LAUNCH_BLOCKING": "1"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["True"]
+
+
+def test_every_op_launched_asynchronously_matches_the_cpu() -> None:
+    # TORCHNEURON_ASYNC_MIN_BYTES=0: even the smallest eligible op goes to the worker.
+    code = """
+    import torch, torchneuron
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4)
+    )
+    import copy
+    cpu = copy.deepcopy(model)
+    dev = model.to("neuron")
+    opt_c = torch.optim.AdamW(cpu.parameters(), lr=1e-2, foreach=True)
+    opt_d = torch.optim.AdamW(dev.parameters(), lr=1e-2, foreach=True)
+    x = torch.randn(8, 16)
+    t = torch.randint(0, 4, (8,))
+    for _ in range(3):
+        for net, opt, xs, ts in ((cpu, opt_c, x, t), (dev, opt_d, x.to("neuron"), t.to("neuron"))):
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(net(xs), ts)
+            loss.backward()
+            opt.step()
+    for p, q in zip(cpu.parameters(), dev.parameters()):
+        torch.testing.assert_close(q.detach().cpu(), p.detach(), rtol=1e-4, atol=1e-5)
+    print("ok")
+    """
+    result = run_python(code, env={"TORCHNEURON_ASYNC_MIN_BYTES": "0"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["ok"]
+
+
+def test_a_bad_threshold_is_refused_with_its_name() -> None:
+    result = run_python(
+        "import torch, torchneuron\ntorch.ones(3, device='neuron') + 1",
+        env={"TORCHNEURON_ASYNC_MIN_BYTES": "lots"},
+    )
+    assert result.returncode != 0
+    assert "TORCHNEURON_ASYNC_MIN_BYTES" in result.stderr and "'lots'" in result.stderr
