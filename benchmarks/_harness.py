@@ -128,8 +128,19 @@ def host_banner() -> str:
         f"{torch.get_num_threads()} intra-op threads, "
         f"CPU capability {torch.backends.cpu.get_cpu_capability()}, "
         f"neuron device: {torch.neuron.get_device_name()}, "
+        f"{_launch_mode()}, "
         f"load average {os.getloadavg()[0]:.2f}"
     )
+
+
+def _launch_mode() -> str:
+    """How neuron ops launch in this run (csrc/aten/async_launch.h)."""
+    import torchneuron
+
+    if torchneuron._C._launch_blocking():
+        return "blocking launches (NEURON_LAUNCH_BLOCKING=1)"
+    threshold = os.environ.get("TORCHNEURON_ASYNC_MIN_BYTES", "262144")
+    return f"asynchronous launches (from {threshold} bytes)"
 
 
 def geomean(values: Sequence[float]) -> float:

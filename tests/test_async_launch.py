@@ -63,14 +63,21 @@ def test_in_place_ops_and_metadata_changes_keep_program_order() -> None:
     _check(x, (a + 1).t())
 
 
-def test_memory_of_a_freed_argument_is_not_reused_while_work_reads_it() -> None:
+def test_a_freed_argument_is_reused_in_stream_order() -> None:
+    # As with a stream-ordered device allocator: the caller's free is immediate, and the
+    # next allocation on the stream may take the block while the product still reads it,
+    # because the work that writes it is queued after the product.
     a = torch.randn(BIG, BIG)
     x = a.to(DEV)
+    torch.neuron.synchronize()
     y = x @ x
-    del x  # the launched product still holds it
-    z = torch.full((BIG, BIG), 7.0, device=DEV)  # same size: would get x's block
+    pointer = x.data_ptr()
+    del x
+    z = torch.full((BIG, BIG), 7.0, device=DEV)  # same size: takes x's block
+    reused = z.data_ptr() == pointer
     _check(y, a @ a)
     assert bool((z == 7).all())
+    assert reused
 
 
 def test_results_are_written_in_place_without_copies() -> None:
@@ -215,3 +222,22 @@ def test_a_bad_threshold_is_refused_with_its_name() -> None:
     )
     assert result.returncode != 0
     assert "TORCHNEURON_ASYNC_MIN_BYTES" in result.stderr and "'lots'" in result.stderr
+
+
+def test_the_interpreter_exits_cleanly_with_work_still_launched() -> None:
+    # The last products are still queued when the script ends: exit waits for them, and an
+    # error they hit is reported as a warning rather than lost or crashing the exit.
+    code = f"""
+    import torch, torchneuron
+    x = torch.randn({BIG}, {BIG}, device="neuron")
+    for _ in range(4):
+        y = x @ x
+    table = torch.randn(100_000, 4, device="neuron")
+    table.index_select(0, torch.tensor([100_000], device="neuron"))
+    print("end of script")
+    """
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split("\n")[0] == "end of script"
+    assert "launched work failed before exit" in result.stderr
+    assert "index out of range" in result.stderr

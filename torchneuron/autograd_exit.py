@@ -1,4 +1,4 @@
-"""A clean interpreter exit after backward passes on neuron.
+"""A clean interpreter exit after backward passes on neuron, and after launched work.
 
 PyTorch runs the backward work of a device on that device's autograd thread
 (``pt_autograd_<index>``). Each backward carries a copy of the caller's thread-local state,
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import warnings
 
 import torch
 
@@ -63,5 +64,20 @@ def drain_device_threads() -> None:
             continue
 
 
+def finish_launched_work() -> None:
+    """Lets launched ops finish before the interpreter finalizes: a stream worker must not
+    run a kernel while the libraries it uses unload. An error that work hit is reported as
+    a warning (there is no caller left to raise it in)."""
+    try:
+        if torch.neuron.is_initialized():
+            from . import _C
+
+            _C._wait_for_device_work()
+    except Exception as error:  # noqa: BLE001 - reported, exit goes on
+        warnings.warn(f"neuron: launched work failed before exit: {error}", stacklevel=1)
+
+
 def install() -> None:
+    # atexit runs last-registered first: the drain's backward passes launch work too.
+    atexit.register(finish_launched_work)
     atexit.register(drain_device_threads)

@@ -340,12 +340,58 @@ class MetaArguments {
   c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 2> written_;  // (meta, neuron original)
 };
 
-// The worker's copy of an argument: a neuron tensor becomes a new tensor object over the
-// same storage (the caller may change the original's geometry meanwhile, e.g. t_()), a
-// host tensor a copy of its values as they are now.
-at::Tensor snapshot(const at::Tensor& t) {
-  if (!t.defined()) return t;
-  if (t.device().is_cpu()) {
+// The worker's copies of one launch's arguments and results. A neuron tensor becomes a new
+// tensor object (the caller may change the original's geometry meanwhile, e.g. t_()) over a
+// storage that does not own the memory when the caching allocator does: a free by the
+// caller returns the block to its stream's pool at once, as on a device with stream-ordered
+// allocation, and only work queued after this launch on that stream can get it again (the
+// worker allocates from a pool of its own). Other memory (shared segments) is held until the
+// work completes. Tensors sharing a storage get snapshots sharing one, so overlap checks on
+// the worker see what the caller's tensors would. A host tensor becomes a copy of its
+// values as they are now.
+class Snapshots {
+ public:
+  at::Tensor operator()(const at::Tensor& t) {
+    if (!t.defined()) return t;
+    if (t.device().is_cpu()) return host_copy(t);
+    return device_tensor_on(storage_for(t.storage()), t);
+  }
+
+  c10::IValue operator()(const c10::IValue& value) {
+    if (value.isTensor()) return (*this)(value.toTensor());
+    if (value.isTensorList()) {
+      c10::List<at::Tensor> list;
+      list.reserve(value.toTensorList().size());
+      for (const at::Tensor& t : value.toTensorList()) list.push_back((*this)(t));
+      return list;
+    }
+    if (value.isOptionalTensorList()) {
+      c10::List<std::optional<at::Tensor>> list;
+      for (const std::optional<at::Tensor> t : value.toOptionalTensorList()) {
+        list.push_back(t.has_value() ? std::optional<at::Tensor>((*this)(*t)) : std::nullopt);
+      }
+      return list;
+    }
+    return value;
+  }
+
+ private:
+  c10::Storage storage_for(const c10::Storage& storage) {
+    const c10::StorageImpl* key = storage.unsafeGetStorageImpl();
+    for (const auto& [device, copy] : storages_) {
+      if (device == key) return copy;
+    }
+    c10::Storage copy = storage;  // held: memory the caching allocator does not own
+    if (CachingAllocator::owns(storage.data_ptr())) {
+      copy = c10::Storage(c10::Storage::use_byte_size_t(), storage.nbytes(),
+                          c10::DataPtr(storage.mutable_data(), storage.device()),
+                          &caching_allocator(), /*resizable=*/false);
+    }
+    storages_.emplace_back(key, copy);
+    return copy;
+  }
+
+  static at::Tensor host_copy(const at::Tensor& t) {
     at::Tensor copy = t.clone();
     // A Python number wrapped as a tensor promotes types as a number, not as a tensor.
     if (t.unsafeGetTensorImpl()->is_wrapped_number()) {
@@ -353,26 +399,9 @@ at::Tensor snapshot(const at::Tensor& t) {
     }
     return copy;
   }
-  return device_tensor_on(t.storage(), t);
-}
 
-c10::IValue snapshot(const c10::IValue& value) {
-  if (value.isTensor()) return snapshot(value.toTensor());
-  if (value.isTensorList()) {
-    c10::List<at::Tensor> list;
-    list.reserve(value.toTensorList().size());
-    for (const at::Tensor& t : value.toTensorList()) list.push_back(snapshot(t));
-    return list;
-  }
-  if (value.isOptionalTensorList()) {
-    c10::List<std::optional<at::Tensor>> list;
-    for (const std::optional<at::Tensor> t : value.toOptionalTensorList()) {
-      list.push_back(t.has_value() ? std::optional<at::Tensor>(snapshot(*t)) : std::nullopt);
-    }
-    return list;
-  }
-  return value;
-}
+  c10::SmallVector<std::pair<const c10::StorageImpl*, c10::Storage>, 4> storages_;
+};
 
 // A neuron result allocated now for what the meta kernel said; null when it cannot be.
 bool allocate_result(const at::Tensor& meta, const MetaArguments& arguments,
@@ -415,9 +444,10 @@ struct LaunchedOp {
     if (correlation != 0) push_launch_correlation(correlation);
     try {
       {
-        const ReservedAllocations scope(&reserved);
+        const ReservedAllocations scope(&reserved, stream.id());
         op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), &stack);
       }
+      const ReservedAllocations pool_only(nullptr, stream.id());
       settle();
     } catch (c10::Error& error) {
       error.add_context("neuron: raised by " + plan->name +
@@ -493,6 +523,8 @@ bool async_launches() {
 }
 
 bool on_stream_worker() { return tls_on_worker; }
+
+bool launched_work_pending() { return g_pending.load(std::memory_order_acquire) != 0; }
 
 bool async_candidate(size_t argument_bytes) {
   if (!async_launches() || tls_on_worker) return false;
@@ -581,6 +613,7 @@ bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                                                           current_launch_correlation()});
   std::vector<c10::IValue> results;  // what the caller gets
   results.reserve(meta.size());
+  Snapshots snapshots;
   c10::SmallVector<const c10::StorageImpl*, 4> seen;
   for (size_t j = 0; j < meta.size(); ++j) {
     const int alias_of = plan.return_aliases[j];
@@ -593,7 +626,7 @@ bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack,
       at::Tensor out;
       if (!allocate_result(meta[j].toTensor(), arguments, seen, device, &out)) return false;
       results.emplace_back(out);
-      launched->results.emplace_back(snapshot(out));
+      launched->results.emplace_back(snapshots(out));
     } else if (meta[j].isTensorList()) {
       c10::List<at::Tensor> outs;
       for (const at::Tensor& m : meta[j].toTensorList()) {
@@ -601,7 +634,7 @@ bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack,
         if (!allocate_result(m, arguments, seen, device, &out)) return false;
         outs.push_back(out);
       }
-      launched->results.emplace_back(snapshot(c10::IValue(outs)));
+      launched->results.emplace_back(snapshots(c10::IValue(outs)));
       results.emplace_back(std::move(outs));
     } else if (meta[j].isNone()) {
       results.emplace_back();
@@ -622,7 +655,9 @@ bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack,
     }
   }
   launched->stack.reserve(num_args);
-  for (size_t i = 0; i < num_args; ++i) launched->stack.push_back(snapshot((*stack)[first + i]));
+  for (size_t i = 0; i < num_args; ++i) {
+    launched->stack.push_back(snapshots((*stack)[first + i]));
+  }
 
   LaunchedOp* task = launched.release();
   g_pending.fetch_add(1, std::memory_order_acq_rel);

@@ -44,6 +44,9 @@ class WaitingWithoutGil {
   void* saved_ = nullptr;  // PyThreadState*
 };
 
+// Whether launched work has not completed yet (free blocks may still be read by it).
+bool launched_work_pending();
+
 // Raises (once) the first error launched work hit since the last call, if any.
 void raise_launch_error();
 

@@ -168,6 +168,7 @@ class DeviceCache {
   // Like empty_cache, but gives up if the device is busy (no lock-order deadlock when two
   // devices run out of memory at once).
   void try_empty_cache() {
+    if (launched_work_pending()) return;  // its free blocks may still be read
     std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
     if (!lock.owns_lock()) return;
     process_pending(/*wait=*/false);
@@ -318,13 +319,15 @@ class DeviceCache {
     if (status == NRT_OUT_OF_MEMORY) {
       // Give cached, unused segments back and try once more before reporting.
       stats_.num_alloc_retries += 1;
-      // Waiting here, under the lock, for a stream whose worker may need this lock would
-      // never end; with asynchronous launches allocate_on waits unlocked and retries.
-      process_pending(/*wait=*/!async_launches());
-      release_whole_segments(small_free_);
-      release_whole_segments(large_free_);
-      release_cached_on_other_devices(device_);
-      status = nrt_mem_alloc(device_, bytes, &ptr);
+      // Free blocks may still be read by launched work (a free is stream-ordered): their
+      // memory stays mapped until it completes. allocate_on then waits, unlocked, and retries.
+      if (!launched_work_pending()) {
+        process_pending(/*wait=*/true);
+        release_whole_segments(small_free_);
+        release_whole_segments(large_free_);
+        release_cached_on_other_devices(device_);
+        status = nrt_mem_alloc(device_, bytes, &ptr);
+      }
     }
     if (status == NRT_OUT_OF_MEMORY) {
       stats_.num_ooms += 1;
@@ -490,6 +493,10 @@ DeviceCache& cache_for(c10::DeviceIndex device) {
 }
 
 thread_local std::vector<ReservedAllocations::Block>* tls_reserved = nullptr;
+// The pool key of a stream worker's own allocations, or kNoWorkerPool.
+constexpr c10::StreamId kNoWorkerPool = -1;
+constexpr c10::StreamId kWorkerPoolBase = c10::StreamId{1} << 40;
+thread_local c10::StreamId tls_worker_pool = kNoWorkerPool;
 
 // A served reservation is released by its owner, never by the kernel it was lent to.
 bool is_served_reservation(const void* ptr) {
@@ -555,7 +562,8 @@ c10::DataPtr CachingAllocator::allocate_on(c10::DeviceIndex device, size_t nbyte
       }
     }
   }
-  const c10::StreamId stream = current_stream(device).id();
+  const c10::StreamId stream =
+      tls_worker_pool != kNoWorkerPool ? tls_worker_pool : current_stream(device).id();
   Block* block = nullptr;
   try {
     block = cache_for(device).allocate(nbytes, stream);
@@ -598,7 +606,7 @@ bool CachingAllocator::initialized() { return nrt_is_initialized() != 0; }
 
 void CachingAllocator::emptyCache(c10::MempoolId_t /*mempool_id*/) {
   if (!initialized()) return;
-  wait_for_device_work();  // blocks launched work still holds are released first
+  wait_for_device_work();  // launched work may still read free blocks
   for (auto& cache : device_caches()) cache->empty_cache();
 }
 
@@ -632,10 +640,15 @@ std::pair<size_t, size_t> CachingAllocator::getMemoryInfo(c10::DeviceIndex devic
   return {static_cast<size_t>(capacity - used), static_cast<size_t>(capacity)};
 }
 
-ReservedAllocations::ReservedAllocations(std::vector<Block>* blocks) : previous_(tls_reserved) {
+ReservedAllocations::ReservedAllocations(std::vector<Block>* blocks, c10::StreamId stream)
+    : previous_blocks_(tls_reserved), previous_pool_(tls_worker_pool) {
   tls_reserved = blocks;
+  tls_worker_pool = kWorkerPoolBase + stream;
 }
 
-ReservedAllocations::~ReservedAllocations() { tls_reserved = previous_; }
+ReservedAllocations::~ReservedAllocations() {
+  tls_reserved = previous_blocks_;
+  tls_worker_pool = previous_pool_;
+}
 
 }  // namespace torchneuron

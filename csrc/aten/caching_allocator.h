@@ -40,10 +40,14 @@ class CachingAllocator final : public c10::DeviceAllocator {
 
 CachingAllocator& caching_allocator();
 
-// While alive on a thread, an allocation there of exactly a reserved block's size is served
-// from that block (each block once) without owning it: the block already belongs to a
-// result its caller holds (async_launch.h), so the kernel writes that result in place.
-// Freeing a served block while the scope lives does nothing.
+// While alive on a stream worker running launched work (async_launch.h):
+//  - an allocation of exactly a reserved block's size is served from that block (each block
+//    once) without owning it: the block already belongs to a result its caller holds, so the
+//    kernel writes that result in place; freeing a served block does nothing;
+//  - every other allocation comes from a pool of the worker's own for `stream`, never from
+//    the pool the launching thread frees into. Why: a block the caller freed may still be
+//    read by work queued behind the running task; only work queued after the free may reuse
+//    it, and the caller's later allocations are exactly that.
 class ReservedAllocations {
  public:
   struct Block {
@@ -51,13 +55,15 @@ class ReservedAllocations {
     size_t nbytes;
     bool served;
   };
-  explicit ReservedAllocations(std::vector<Block>* blocks);
+  // `blocks` may be null (the worker's pool only).
+  ReservedAllocations(std::vector<Block>* blocks, c10::StreamId stream);
   ~ReservedAllocations();
   ReservedAllocations(const ReservedAllocations&) = delete;
   ReservedAllocations& operator=(const ReservedAllocations&) = delete;
 
  private:
-  std::vector<Block>* previous_;
+  std::vector<Block>* previous_blocks_;
+  c10::StreamId previous_pool_;
 };
 
 std::string format_bytes(uint64_t bytes);
