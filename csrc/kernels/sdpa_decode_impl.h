@@ -1,0 +1,359 @@
+// The body of sdpa_decode(), written once over GCC/Clang vector types and compiled once per
+// instruction set (sdpa_decode_baseline.cpp, sdpa_decode.avx2.cpp, sdpa_decode.avx512.cpp,
+// sdpa_decode.avx512bf16.cpp). Include only from those files.
+//
+// Per (batch, kv head) group and its rows (the query heads sharing the kv head × the query
+// rows), in key blocks small enough to stay in L1/L2 while every row of the group uses them:
+//   1. scores: s = scale · q·k + mask, four keys at a time; keys whose mask is −inf for the
+//      row are not read (a static cache's unused tail costs nothing);
+//   2. p = exp(s − max) and its sum, in float32;
+//   3. out += p · v, skipping keys with p = 0; then out /= sum, lse = max + log(sum).
+// No std:: templates with out-of-line code here (see vec_exp.h): scratch comes from the
+// caller (sdpa_decode.cpp).
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <utility>
+
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include "sdpa_decode_levels.h"
+#include "vec_exp.h"
+
+#if !defined(SDPA_DECODE_NAMESPACE) || !defined(SDPA_DECODE_WIDTH)
+#error "define SDPA_DECODE_NAMESPACE and SDPA_DECODE_WIDTH before including sdpa_decode_impl.h"
+#endif
+
+namespace neuron::kernels::SDPA_DECODE_NAMESPACE {
+namespace {
+
+constexpr int kWidth = SDPA_DECODE_WIDTH;
+constexpr int64_t kKeyBlock = 64;  // keys per block: 64 × 128 × 4 B = 32 KB of K or V
+typedef float VecF __attribute__((vector_size(kWidth * sizeof(float))));
+typedef int32_t VecI __attribute__((vector_size(kWidth * sizeof(int32_t))));
+typedef uint32_t VecU __attribute__((vector_size(kWidth * sizeof(uint32_t))));
+typedef uint16_t VecH __attribute__((vector_size(kWidth * sizeof(uint16_t))));
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+inline VecF splat(float value) { return VecF{} + value; }
+
+inline float bf16_value(uint16_t bits) {
+  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float value;
+  std::memcpy(&value, &wide, sizeof value);
+  return value;
+}
+
+// Round to nearest even; NaN becomes the canonical quiet NaN (as c10::BFloat16 does).
+inline uint16_t bf16_bits(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+inline VecF load(const float* p) {
+  VecF v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+inline VecF load(const uint16_t* p) {
+#if defined(__AVX512F__) && SDPA_DECODE_WIDTH == 16
+  const __m512i wide =
+      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return (VecF)_mm512_slli_epi32(wide, 16);
+#elif defined(__AVX2__) && SDPA_DECODE_WIDTH == 8
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return (VecF)_mm256_slli_epi32(wide, 16);
+#else
+  VecH h;
+  std::memcpy(&h, p, sizeof h);
+  return (VecF)(__builtin_convertvector(h, VecU) << 16);
+#endif
+}
+
+inline void store(float* p, VecF v) { std::memcpy(p, &v, sizeof v); }
+
+inline float scalar(const float* p) { return *p; }
+inline float scalar(const uint16_t* p) { return bf16_value(*p); }
+
+template <int kDistance, int... I>
+inline VecF exchange(VecF v, std::integer_sequence<int, I...>) {
+  return __builtin_shufflevector(v, v, (I ^ kDistance)...);
+}
+
+inline float horizontal_sum(VecF v) {
+  const auto lanes = std::make_integer_sequence<int, kWidth>{};
+  if constexpr (kWidth >= 16) v += exchange<8>(v, lanes);
+  if constexpr (kWidth >= 8) v += exchange<4>(v, lanes);
+  v += exchange<2>(v, lanes);
+  v += exchange<1>(v, lanes);
+  return v[0];
+}
+
+float mask_at(const SdpaDecodeProblem& p, const void* row, int64_t key) {
+  const int64_t offset = key * p.mask_stride[3];
+  if (p.mask_dtype == AttentionDtype::kBFloat16) {
+    return bf16_value(static_cast<const uint16_t*>(row)[offset]);
+  }
+  return static_cast<const float*>(row)[offset];
+}
+
+// Where one row of the group reads and writes.
+template <class T>
+struct Row {
+  const T* q;
+  const void* mask;  // null: no mask
+  float* scores;     // kv_len
+  float* q_float;    // head_dim rounded up to kWidth, zero padded
+  float* acc;        // head_dim rounded up to kWidth
+  float max = kNegInf;
+  float sum = 0.0f;
+};
+
+// q·k for four keys in float32 (bf16 widened), kFull vectors of head dimension known at
+// compile time when kFull > 0, else `full` vectors and a scalar tail.
+template <class T, int kFull>
+inline void dot4(const float* q, const T* const* keys, int64_t head_dim, float* out) {
+  const int64_t full = kFull > 0 ? kFull : head_dim / kWidth;
+  VecF a0 = VecF{}, a1 = VecF{}, a2 = VecF{}, a3 = VecF{};
+  for (int64_t d = 0; d < full; ++d) {
+    const VecF qv = load(q + d * kWidth);
+    a0 += qv * load(keys[0] + d * kWidth);
+    a1 += qv * load(keys[1] + d * kWidth);
+    a2 += qv * load(keys[2] + d * kWidth);
+    a3 += qv * load(keys[3] + d * kWidth);
+  }
+  out[0] = horizontal_sum(a0);
+  out[1] = horizontal_sum(a1);
+  out[2] = horizontal_sum(a2);
+  out[3] = horizontal_sum(a3);
+  if (kFull == 0) {
+    for (int64_t d = full * kWidth; d < head_dim; ++d) {
+      for (int i = 0; i < 4; ++i) out[i] += q[d] * scalar(keys[i] + d);
+    }
+  }
+}
+
+#if defined(__AVX512BF16__)
+// bf16 q·k on vdpbf16ps (32 bf16 products per instruction, float32 sums), head_dim a
+// multiple of 32: q and k are read as bf16 pairs without widening.
+inline void dot4_bf16_pairs(const uint16_t* q, const uint16_t* const* keys, int64_t head_dim,
+                            float* out) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t d = 0; d < head_dim; d += 32) {
+    const __m512bh qv = (__m512bh)_mm512_loadu_si512(q + d);
+    a0 = _mm512_dpbf16_ps(a0, qv, (__m512bh)_mm512_loadu_si512(keys[0] + d));
+    a1 = _mm512_dpbf16_ps(a1, qv, (__m512bh)_mm512_loadu_si512(keys[1] + d));
+    a2 = _mm512_dpbf16_ps(a2, qv, (__m512bh)_mm512_loadu_si512(keys[2] + d));
+    a3 = _mm512_dpbf16_ps(a3, qv, (__m512bh)_mm512_loadu_si512(keys[3] + d));
+  }
+  out[0] = _mm512_reduce_add_ps(a0);
+  out[1] = _mm512_reduce_add_ps(a1);
+  out[2] = _mm512_reduce_add_ps(a2);
+  out[3] = _mm512_reduce_add_ps(a3);
+}
+#endif
+
+// Step 1 for keys [begin, end) of one row.
+template <class T, int kFull>
+void scores_block(const SdpaDecodeProblem& p, Row<T>& row, const T* k_head, int64_t begin,
+                  int64_t end) {
+  const int64_t head_dim = p.head_dim;
+  for (int64_t j = begin; j < end; j += 4) {
+    const int n = static_cast<int>(end - j < 4 ? end - j : 4);
+    float bias[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    bool any = false;
+    const T* keys[4];
+    for (int i = 0; i < 4; ++i) {
+      const int64_t key = j + (i < n ? i : 0);  // a short tail repeats its first key
+      if (row.mask != nullptr) bias[i] = mask_at(p, row.mask, key);
+      any = any || (i < n && bias[i] != kNegInf);
+      keys[i] = k_head + key * p.k_stride[2];
+    }
+    float dots[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (any) {
+#if defined(__AVX512BF16__)
+      if constexpr (std::is_same_v<T, uint16_t>) {
+        if (head_dim % 32 == 0) {
+          dot4_bf16_pairs(row.q, keys, head_dim, dots);
+        } else {
+          dot4<T, kFull>(row.q_float, keys, head_dim, dots);
+        }
+      } else {
+        dot4<T, kFull>(row.q_float, keys, head_dim, dots);
+      }
+#else
+      dot4<T, kFull>(row.q_float, keys, head_dim, dots);
+#endif
+    }
+    for (int i = 0; i < n; ++i) {
+      const float s = bias[i] == kNegInf ? kNegInf : dots[i] * p.scale + bias[i];
+      row.scores[j + i] = s;
+      row.max = s > row.max ? s : row.max;
+    }
+  }
+}
+
+// Step 2: scores become exp(s − max), row.sum their sum (all 0 for a fully masked row).
+template <class T>
+void exponentiate(const SdpaDecodeProblem& p, Row<T>& row) {
+  const int64_t n = p.kv_len, full = n - n % kWidth;
+  if (row.max == kNegInf) {
+    std::memset(row.scores, 0, sizeof(float) * static_cast<size_t>(n));
+    return;
+  }
+  const VecF shift = splat(row.max);
+  VecF total = VecF{};
+  for (int64_t j = 0; j < full; j += kWidth) {
+    const VecF e = exp_cephes<VecF, VecI>(load(row.scores + j) - shift);
+    store(row.scores + j, e);
+    total += e;
+  }
+  float sum = horizontal_sum(total);
+  for (int64_t j = full; j < n; ++j) {
+    float lanes[kWidth] = {};
+    lanes[0] = row.scores[j] - row.max;
+    VecF v;
+    std::memcpy(&v, lanes, sizeof v);
+    row.scores[j] = exp_cephes<VecF, VecI>(v)[0];
+    sum += row.scores[j];
+  }
+  row.sum = sum;
+}
+
+// Step 3 for keys [begin, end) of one row: acc += p · v.
+template <class T, int kFull>
+void accumulate_block(const SdpaDecodeProblem& p, Row<T>& row, const T* v_head, int64_t begin,
+                      int64_t end) {
+  const int64_t head_dim = p.head_dim;
+  const int64_t full = kFull > 0 ? kFull : head_dim / kWidth;
+  if constexpr (kFull > 0) {
+    VecF acc[kFull];
+    for (int d = 0; d < kFull; ++d) acc[d] = load(row.acc + d * kWidth);
+    for (int64_t j = begin; j < end; ++j) {
+      const float weight = row.scores[j];
+      if (weight == 0.0f) continue;
+      const T* v = v_head + j * p.v_stride[2];
+      const VecF w = splat(weight);
+      for (int d = 0; d < kFull; ++d) acc[d] += w * load(v + d * kWidth);
+    }
+    for (int d = 0; d < kFull; ++d) store(row.acc + d * kWidth, acc[d]);
+  } else {
+    for (int64_t j = begin; j < end; ++j) {
+      const float weight = row.scores[j];
+      if (weight == 0.0f) continue;
+      const T* v = v_head + j * p.v_stride[2];
+      const VecF w = splat(weight);
+      for (int64_t d = 0; d < full; ++d) {
+        store(row.acc + d * kWidth, load(row.acc + d * kWidth) + w * load(v + d * kWidth));
+      }
+      for (int64_t d = full * kWidth; d < head_dim; ++d) row.acc[d] += weight * scalar(v + d);
+    }
+  }
+}
+
+template <class T, int kFull>
+void run_rows(const SdpaDecodeProblem& p, int64_t group, int64_t row_begin, int64_t row_end,
+              float* scratch) {
+  constexpr int64_t kMaxRows = 64;  // rows per pass; sdpa_decode.cpp splits larger groups
+  const int64_t b = group / p.kv_heads, kv_head = group % p.kv_heads;
+  const int64_t heads_per_kv = p.q_heads / p.kv_heads;
+  const int64_t padded = (p.head_dim + kWidth - 1) / kWidth * kWidth;
+  const T* k_head = static_cast<const T*>(p.k) + b * p.k_stride[0] + kv_head * p.k_stride[1];
+  const T* v_head = static_cast<const T*>(p.v) + b * p.v_stride[0] + kv_head * p.v_stride[1];
+
+  for (int64_t first = row_begin; first < row_end; first += kMaxRows) {
+    const int64_t rows = row_end - first < kMaxRows ? row_end - first : kMaxRows;
+    Row<T> row_of[kMaxRows];
+    float* next = scratch;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t index = first + r;
+      const int64_t head = kv_head * heads_per_kv + index / p.q_len, q_row = index % p.q_len;
+      Row<T>& row = row_of[r];
+      row.q = static_cast<const T*>(p.q) + b * p.q_stride[0] + head * p.q_stride[1] +
+              q_row * p.q_stride[2];
+      row.mask = nullptr;
+      if (p.mask != nullptr) {
+        const int64_t offset =
+            b * p.mask_stride[0] + head * p.mask_stride[1] + q_row * p.mask_stride[2];
+        const size_t bytes = p.mask_dtype == AttentionDtype::kBFloat16 ? 2 : 4;
+        row.mask = static_cast<const char*>(p.mask) + offset * static_cast<int64_t>(bytes);
+      }
+      row.scores = next;
+      next += p.kv_len;
+      row.q_float = next;
+      next += padded;
+      row.acc = next;
+      next += padded;
+      for (int64_t d = 0; d < padded; ++d) {
+        row.q_float[d] = d < p.head_dim ? scalar(row.q + d) : 0.0f;
+        row.acc[d] = 0.0f;
+      }
+    }
+    for (int64_t begin = 0; begin < p.kv_len; begin += kKeyBlock) {
+      const int64_t end = p.kv_len - begin < kKeyBlock ? p.kv_len : begin + kKeyBlock;
+      for (int64_t r = 0; r < rows; ++r) scores_block<T, kFull>(p, row_of[r], k_head, begin, end);
+    }
+    for (int64_t r = 0; r < rows; ++r) exponentiate(p, row_of[r]);
+    for (int64_t begin = 0; begin < p.kv_len; begin += kKeyBlock) {
+      const int64_t end = p.kv_len - begin < kKeyBlock ? p.kv_len : begin + kKeyBlock;
+      for (int64_t r = 0; r < rows; ++r) {
+        accumulate_block<T, kFull>(p, row_of[r], v_head, begin, end);
+      }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const Row<T>& row = row_of[r];
+      const int64_t index = first + r;
+      const int64_t head = kv_head * heads_per_kv + index / p.q_len, q_row = index % p.q_len;
+      const float sum = row.sum == 0.0f ? 1.0f : row.sum;
+      const float inverse = 1.0f / sum;
+      T* out = static_cast<T*>(p.out) + b * p.out_stride[0] + head * p.out_stride[1] +
+               q_row * p.out_stride[2];
+      for (int64_t d = 0; d < p.head_dim; ++d) {
+        const float value = row.acc[d] * inverse;
+        if constexpr (std::is_same_v<T, float>) {
+          out[d] = value;
+        } else {
+          out[d] = bf16_bits(value);
+        }
+      }
+      if (p.lse != nullptr) {
+        p.lse[b * p.lse_stride[0] + head * p.lse_stride[1] + q_row * p.lse_stride[2]] =
+            (row.max == kNegInf ? 0.0f : row.max) + std::log(sum);
+      }
+    }
+  }
+}
+
+template <class T>
+void run_rows_for(const SdpaDecodeProblem& p, int64_t group, int64_t row_begin, int64_t row_end,
+                  float* scratch) {
+  // The head dimensions models use get their vectors unrolled and held in registers.
+  if (p.head_dim == 64) {
+    run_rows<T, 64 / kWidth>(p, group, row_begin, row_end, scratch);
+  } else if (p.head_dim == 128 && kWidth >= 8) {
+    run_rows<T, 128 / kWidth>(p, group, row_begin, row_end, scratch);
+  } else {
+    run_rows<T, 0>(p, group, row_begin, row_end, scratch);
+  }
+}
+
+void rows_entry(const SdpaDecodeProblem& p, int64_t group, int64_t row_begin, int64_t row_end,
+                float* scratch) {
+  if (p.dtype == AttentionDtype::kBFloat16) {
+    run_rows_for<uint16_t>(p, group, row_begin, row_end, scratch);
+  } else {
+    run_rows_for<float>(p, group, row_begin, row_end, scratch);
+  }
+}
+
+}  // namespace
+}  // namespace neuron::kernels::SDPA_DECODE_NAMESPACE
