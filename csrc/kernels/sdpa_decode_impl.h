@@ -98,6 +98,45 @@ inline float horizontal_sum(VecF v) {
   return v[0];
 }
 
+// Lane selectors for sums4(): with x, y of kWidth lanes, fold_low/high pick
+// [x low half, y low half] and [x high half, y high half]; quarter_low/high pick, from
+// [a | b] and [c | d] (halves), [a, b, c, d] low quarters and high quarters.
+constexpr int kHalf = kWidth / 2, kQuarter = kWidth / 4;
+constexpr int fold_low(int i) { return i < kHalf ? i : kWidth + i - kHalf; }
+constexpr int fold_high(int i) { return i < kHalf ? i + kHalf : kWidth + i; }
+constexpr int quarter_low(int i) {
+  const int half = i / kHalf, within = i % kHalf;  // which input, lane in it
+  const int source = within < kQuarter ? within : kHalf + within - kQuarter;
+  return half * kWidth + source;
+}
+constexpr int quarter_high(int i) { return quarter_low(i) + kQuarter; }
+
+template <int... I>
+inline VecF fold(VecF x, VecF y, std::integer_sequence<int, I...>) {
+  return __builtin_shufflevector(x, y, fold_low(I)...) +
+         __builtin_shufflevector(x, y, fold_high(I)...);
+}
+
+template <int... I>
+inline VecF quarters(VecF x, VecF y, std::integer_sequence<int, I...>) {
+  return __builtin_shufflevector(x, y, quarter_low(I)...) +
+         __builtin_shufflevector(x, y, quarter_high(I)...);
+}
+
+// The lane sums of four vectors at once: two folding steps leave each vector's partial sums
+// in a quarter of one vector, then butterflies finish the quarters (a third of the
+// shuffles and adds of four horizontal_sum calls).
+inline void sums4(VecF a0, VecF a1, VecF a2, VecF a3, float* out) {
+  const auto lanes = std::make_integer_sequence<int, kWidth>{};
+  VecF v = quarters(fold(a0, a1, lanes), fold(a2, a3, lanes), lanes);
+  if constexpr (kQuarter >= 4) v += exchange<2>(v, lanes);
+  if constexpr (kQuarter >= 2) v += exchange<1>(v, lanes);
+  out[0] = v[0];
+  out[1] = v[kQuarter];
+  out[2] = v[2 * kQuarter];
+  out[3] = v[3 * kQuarter];
+}
+
 float mask_at(const SdpaDecodeProblem& p, const void* row, int64_t key) {
   const int64_t offset = key * p.mask_stride[3];
   if (p.mask_dtype == AttentionDtype::kBFloat16) {
@@ -118,26 +157,30 @@ struct Row {
   float sum = 0.0f;
 };
 
-// q·k for four keys in float32 (bf16 widened), kFull vectors of head dimension known at
-// compile time when kFull > 0, else `full` vectors and a scalar tail.
-template <class T, int kFull>
-inline void dot4(const float* q, const T* const* keys, int64_t head_dim, float* out) {
+// q·k for four keys and kRows rows at once (each K vector loaded once for all rows), in
+// float32 (bf16 widened): kFull vectors of head dimension known at compile time when
+// kFull > 0, else `full` vectors and a scalar tail. out[r][i]: row r, key i.
+template <class T, int kFull, int kRows>
+inline void dots(Row<T>* const* rows, const T* const* keys, int64_t head_dim, float (*out)[4]) {
   const int64_t full = kFull > 0 ? kFull : head_dim / kWidth;
-  VecF a0 = VecF{}, a1 = VecF{}, a2 = VecF{}, a3 = VecF{};
+  VecF acc[kRows][4] = {};
   for (int64_t d = 0; d < full; ++d) {
-    const VecF qv = load(q + d * kWidth);
-    a0 += qv * load(keys[0] + d * kWidth);
-    a1 += qv * load(keys[1] + d * kWidth);
-    a2 += qv * load(keys[2] + d * kWidth);
-    a3 += qv * load(keys[3] + d * kWidth);
+    const VecF k0 = load(keys[0] + d * kWidth), k1 = load(keys[1] + d * kWidth);
+    const VecF k2 = load(keys[2] + d * kWidth), k3 = load(keys[3] + d * kWidth);
+    for (int r = 0; r < kRows; ++r) {
+      const VecF qv = load(rows[r]->q_float + d * kWidth);
+      acc[r][0] += qv * k0;
+      acc[r][1] += qv * k1;
+      acc[r][2] += qv * k2;
+      acc[r][3] += qv * k3;
+    }
   }
-  out[0] = horizontal_sum(a0);
-  out[1] = horizontal_sum(a1);
-  out[2] = horizontal_sum(a2);
-  out[3] = horizontal_sum(a3);
+  for (int r = 0; r < kRows; ++r) sums4(acc[r][0], acc[r][1], acc[r][2], acc[r][3], out[r]);
   if (kFull == 0) {
-    for (int64_t d = full * kWidth; d < head_dim; ++d) {
-      for (int i = 0; i < 4; ++i) out[i] += q[d] * scalar(keys[i] + d);
+    for (int r = 0; r < kRows; ++r) {
+      for (int64_t d = full * kWidth; d < head_dim; ++d) {
+        for (int i = 0; i < 4; ++i) out[r][i] += rows[r]->q_float[d] * scalar(keys[i] + d);
+      }
     }
   }
 }
@@ -145,61 +188,72 @@ inline void dot4(const float* q, const T* const* keys, int64_t head_dim, float* 
 #if defined(__AVX512BF16__)
 // bf16 q·k on vdpbf16ps (32 bf16 products per instruction, float32 sums), head_dim a
 // multiple of 32: q and k are read as bf16 pairs without widening.
-inline void dot4_bf16_pairs(const uint16_t* q, const uint16_t* const* keys, int64_t head_dim,
-                            float* out) {
-  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-  for (int64_t d = 0; d < head_dim; d += 32) {
-    const __m512bh qv = (__m512bh)_mm512_loadu_si512(q + d);
-    a0 = _mm512_dpbf16_ps(a0, qv, (__m512bh)_mm512_loadu_si512(keys[0] + d));
-    a1 = _mm512_dpbf16_ps(a1, qv, (__m512bh)_mm512_loadu_si512(keys[1] + d));
-    a2 = _mm512_dpbf16_ps(a2, qv, (__m512bh)_mm512_loadu_si512(keys[2] + d));
-    a3 = _mm512_dpbf16_ps(a3, qv, (__m512bh)_mm512_loadu_si512(keys[3] + d));
+template <int kRows>
+inline void dots_bf16_pairs(Row<uint16_t>* const* rows, const uint16_t* const* keys,
+                            int64_t head_dim, float (*out)[4]) {
+  __m512 acc[kRows][4];
+  for (int r = 0; r < kRows; ++r) {
+    for (int i = 0; i < 4; ++i) acc[r][i] = _mm512_setzero_ps();
   }
-  out[0] = _mm512_reduce_add_ps(a0);
-  out[1] = _mm512_reduce_add_ps(a1);
-  out[2] = _mm512_reduce_add_ps(a2);
-  out[3] = _mm512_reduce_add_ps(a3);
+  for (int64_t d = 0; d < head_dim; d += 32) {
+    __m512bh k[4];
+    for (int i = 0; i < 4; ++i) k[i] = (__m512bh)_mm512_loadu_si512(keys[i] + d);
+    for (int r = 0; r < kRows; ++r) {
+      const __m512bh qv = (__m512bh)_mm512_loadu_si512(rows[r]->q + d);
+      for (int i = 0; i < 4; ++i) acc[r][i] = _mm512_dpbf16_ps(acc[r][i], qv, k[i]);
+    }
+  }
+  for (int r = 0; r < kRows; ++r) {
+    sums4((VecF)acc[r][0], (VecF)acc[r][1], (VecF)acc[r][2], (VecF)acc[r][3], out[r]);
+  }
 }
 #endif
 
-// Step 1 for keys [begin, end) of one row.
-template <class T, int kFull>
-void scores_block(const SdpaDecodeProblem& p, Row<T>& row, const T* k_head, int64_t begin,
+// Step 1 for keys [begin, end) of kRows rows.
+template <class T, int kFull, int kRows>
+void scores_block(const SdpaDecodeProblem& p, Row<T>* const* rows, const T* k_head, int64_t begin,
                   int64_t end) {
   const int64_t head_dim = p.head_dim;
+  float max[kRows];
+  for (int r = 0; r < kRows; ++r) max[r] = rows[r]->max;
   for (int64_t j = begin; j < end; j += 4) {
     const int n = static_cast<int>(end - j < 4 ? end - j : 4);
-    float bias[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float bias[kRows][4] = {};
     bool any = false;
     const T* keys[4];
     for (int i = 0; i < 4; ++i) {
       const int64_t key = j + (i < n ? i : 0);  // a short tail repeats its first key
-      if (row.mask != nullptr) bias[i] = mask_at(p, row.mask, key);
-      any = any || (i < n && bias[i] != kNegInf);
       keys[i] = k_head + key * p.k_stride[2];
+      for (int r = 0; r < kRows; ++r) {
+        if (rows[r]->mask != nullptr) bias[r][i] = mask_at(p, rows[r]->mask, key);
+        any = any || (i < n && bias[r][i] != kNegInf);
+      }
     }
-    float dots[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float dot[kRows][4] = {};
     if (any) {
 #if defined(__AVX512BF16__)
       if constexpr (std::is_same_v<T, uint16_t>) {
         if (head_dim % 32 == 0) {
-          dot4_bf16_pairs(row.q, keys, head_dim, dots);
+          dots_bf16_pairs<kRows>(rows, keys, head_dim, dot);
         } else {
-          dot4<T, kFull>(row.q_float, keys, head_dim, dots);
+          dots<T, kFull, kRows>(rows, keys, head_dim, dot);
         }
       } else {
-        dot4<T, kFull>(row.q_float, keys, head_dim, dots);
+        dots<T, kFull, kRows>(rows, keys, head_dim, dot);
       }
 #else
-      dot4<T, kFull>(row.q_float, keys, head_dim, dots);
+      dots<T, kFull, kRows>(rows, keys, head_dim, dot);
 #endif
     }
-    for (int i = 0; i < n; ++i) {
-      const float s = bias[i] == kNegInf ? kNegInf : dots[i] * p.scale + bias[i];
-      row.scores[j + i] = s;
-      row.max = s > row.max ? s : row.max;
+    for (int r = 0; r < kRows; ++r) {
+      for (int i = 0; i < n; ++i) {
+        const float s = bias[r][i] == kNegInf ? kNegInf : dot[r][i] * p.scale + bias[r][i];
+        rows[r]->scores[j + i] = s;
+        max[r] = s > max[r] ? s : max[r];
+      }
     }
   }
+  for (int r = 0; r < kRows; ++r) rows[r]->max = max[r];
 }
 
 // Step 2: scores become exp(s − max), row.sum their sum (all 0 for a fully masked row).
@@ -236,16 +290,37 @@ void accumulate_block(const SdpaDecodeProblem& p, Row<T>& row, const T* v_head, 
   const int64_t head_dim = p.head_dim;
   const int64_t full = kFull > 0 ? kFull : head_dim / kWidth;
   if constexpr (kFull > 0) {
-    VecF acc[kFull];
-    for (int d = 0; d < kFull; ++d) acc[d] = load(row.acc + d * kWidth);
-    for (int64_t j = begin; j < end; ++j) {
-      const float weight = row.scores[j];
-      if (weight == 0.0f) continue;
-      const T* v = v_head + j * p.v_stride[2];
-      const VecF w = splat(weight);
-      for (int d = 0; d < kFull; ++d) acc[d] += w * load(v + d * kWidth);
+    // Two accumulator sets (even and odd keys) so consecutive keys' multiply-adds do not
+    // wait on each other's latency.
+    VecF acc[kFull], odd[kFull];
+    for (int d = 0; d < kFull; ++d) {
+      acc[d] = load(row.acc + d * kWidth);
+      odd[d] = VecF{};
     }
-    for (int d = 0; d < kFull; ++d) store(row.acc + d * kWidth, acc[d]);
+    int64_t j = begin;
+    for (; j + 2 <= end; j += 2) {
+      const float w0 = row.scores[j], w1 = row.scores[j + 1];
+      if (w0 == 0.0f && w1 == 0.0f) continue;
+      const T* v0 = v_head + j * p.v_stride[2];
+      const T* v1 = v0 + p.v_stride[2];
+      const VecF s0 = splat(w0), s1 = splat(w1);
+      if (w1 == 0.0f) {
+        for (int d = 0; d < kFull; ++d) acc[d] += s0 * load(v0 + d * kWidth);
+      } else if (w0 == 0.0f) {
+        for (int d = 0; d < kFull; ++d) odd[d] += s1 * load(v1 + d * kWidth);
+      } else {
+        for (int d = 0; d < kFull; ++d) {
+          acc[d] += s0 * load(v0 + d * kWidth);
+          odd[d] += s1 * load(v1 + d * kWidth);
+        }
+      }
+    }
+    if (j < end && row.scores[j] != 0.0f) {
+      const T* v0 = v_head + j * p.v_stride[2];
+      const VecF s0 = splat(row.scores[j]);
+      for (int d = 0; d < kFull; ++d) acc[d] += s0 * load(v0 + d * kWidth);
+    }
+    for (int d = 0; d < kFull; ++d) store(row.acc + d * kWidth, acc[d] + odd[d]);
   } else {
     for (int64_t j = begin; j < end; ++j) {
       const float weight = row.scores[j];
@@ -260,10 +335,38 @@ void accumulate_block(const SdpaDecodeProblem& p, Row<T>& row, const T* v_head, 
   }
 }
 
+// Step 3 for two rows at once (kFull > 0): each V vector is loaded once for both.
+template <class T, int kFull>
+void accumulate_block_pair(const SdpaDecodeProblem& p, Row<T>& first, Row<T>& second,
+                           const T* v_head, int64_t begin, int64_t end) {
+  VecF acc0[kFull], acc1[kFull];
+  for (int d = 0; d < kFull; ++d) {
+    acc0[d] = load(first.acc + d * kWidth);
+    acc1[d] = load(second.acc + d * kWidth);
+  }
+  for (int64_t j = begin; j < end; ++j) {
+    const float w0 = first.scores[j], w1 = second.scores[j];
+    if (w0 == 0.0f && w1 == 0.0f) continue;
+    const T* v = v_head + j * p.v_stride[2];
+    const VecF s0 = splat(w0), s1 = splat(w1);
+    for (int d = 0; d < kFull; ++d) {
+      const VecF vv = load(v + d * kWidth);
+      acc0[d] += s0 * vv;
+      acc1[d] += s1 * vv;
+    }
+  }
+  for (int d = 0; d < kFull; ++d) {
+    store(first.acc + d * kWidth, acc0[d]);
+    store(second.acc + d * kWidth, acc1[d]);
+  }
+}
+
 template <class T, int kFull>
 void run_rows(const SdpaDecodeProblem& p, int64_t group, int64_t row_begin, int64_t row_end,
               float* scratch) {
   constexpr int64_t kMaxRows = 64;  // rows per pass; sdpa_decode.cpp splits larger groups
+  // Rows share V loads in pairs when both rows' accumulators fit in registers.
+  constexpr bool kPairRows = kFull > 0 && 2 * kFull <= (kWidth >= 16 ? 16 : 6);
   const int64_t b = group / p.kv_heads, kv_head = group % p.kv_heads;
   const int64_t heads_per_kv = p.q_heads / p.kv_heads;
   const int64_t padded = (p.head_dim + kWidth - 1) / kWidth * kWidth;
@@ -300,14 +403,26 @@ void run_rows(const SdpaDecodeProblem& p, int64_t group, int64_t row_begin, int6
     }
     for (int64_t begin = 0; begin < p.kv_len; begin += kKeyBlock) {
       const int64_t end = p.kv_len - begin < kKeyBlock ? p.kv_len : begin + kKeyBlock;
-      for (int64_t r = 0; r < rows; ++r) scores_block<T, kFull>(p, row_of[r], k_head, begin, end);
+      int64_t r = 0;
+      for (; r + 2 <= rows; r += 2) {
+        Row<T>* pair[2] = {&row_of[r], &row_of[r + 1]};
+        scores_block<T, kFull, 2>(p, pair, k_head, begin, end);
+      }
+      if (r < rows) {
+        Row<T>* single[1] = {&row_of[r]};
+        scores_block<T, kFull, 1>(p, single, k_head, begin, end);
+      }
     }
     for (int64_t r = 0; r < rows; ++r) exponentiate(p, row_of[r]);
     for (int64_t begin = 0; begin < p.kv_len; begin += kKeyBlock) {
       const int64_t end = p.kv_len - begin < kKeyBlock ? p.kv_len : begin + kKeyBlock;
-      for (int64_t r = 0; r < rows; ++r) {
-        accumulate_block<T, kFull>(p, row_of[r], v_head, begin, end);
+      int64_t r = 0;
+      if constexpr (kPairRows) {
+        for (; r + 2 <= rows; r += 2) {
+          accumulate_block_pair<T, kFull>(p, row_of[r], row_of[r + 1], v_head, begin, end);
+        }
       }
+      for (; r < rows; ++r) accumulate_block<T, kFull>(p, row_of[r], v_head, begin, end);
     }
     for (int64_t r = 0; r < rows; ++r) {
       const Row<T>& row = row_of[r];
