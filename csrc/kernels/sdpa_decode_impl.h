@@ -37,6 +37,7 @@ typedef float VecF __attribute__((vector_size(kWidth * sizeof(float))));
 typedef int32_t VecI __attribute__((vector_size(kWidth * sizeof(int32_t))));
 typedef uint32_t VecU __attribute__((vector_size(kWidth * sizeof(uint32_t))));
 typedef uint16_t VecH __attribute__((vector_size(kWidth * sizeof(uint16_t))));
+typedef float Vec4 __attribute__((vector_size(4 * sizeof(float))));  // one value per key of 4
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -126,15 +127,12 @@ inline VecF quarters(VecF x, VecF y, std::integer_sequence<int, I...>) {
 // The lane sums of four vectors at once: two folding steps leave each vector's partial sums
 // in a quarter of one vector, then butterflies finish the quarters (a third of the
 // shuffles and adds of four horizontal_sum calls).
-inline void sums4(VecF a0, VecF a1, VecF a2, VecF a3, float* out) {
+inline Vec4 sums4(VecF a0, VecF a1, VecF a2, VecF a3) {
   const auto lanes = std::make_integer_sequence<int, kWidth>{};
   VecF v = quarters(fold(a0, a1, lanes), fold(a2, a3, lanes), lanes);
   if constexpr (kQuarter >= 4) v += exchange<2>(v, lanes);
   if constexpr (kQuarter >= 2) v += exchange<1>(v, lanes);
-  out[0] = v[0];
-  out[1] = v[kQuarter];
-  out[2] = v[2 * kQuarter];
-  out[3] = v[3 * kQuarter];
+  return __builtin_shufflevector(v, v, 0, kQuarter, 2 * kQuarter, 3 * kQuarter);
 }
 
 float mask_at(const SdpaDecodeProblem& p, const void* row, int64_t key) {
@@ -161,7 +159,7 @@ struct Row {
 // float32 (bf16 widened): kFull vectors of head dimension known at compile time when
 // kFull > 0, else `full` vectors and a scalar tail. out[r][i]: row r, key i.
 template <class T, int kFull, int kRows>
-inline void dots(Row<T>* const* rows, const T* const* keys, int64_t head_dim, float (*out)[4]) {
+inline void dots(Row<T>* const* rows, const T* const* keys, int64_t head_dim, Vec4* out) {
   const int64_t full = kFull > 0 ? kFull : head_dim / kWidth;
   VecF acc[kRows][4] = {};
   for (int64_t d = 0; d < full; ++d) {
@@ -175,7 +173,7 @@ inline void dots(Row<T>* const* rows, const T* const* keys, int64_t head_dim, fl
       acc[r][3] += qv * k3;
     }
   }
-  for (int r = 0; r < kRows; ++r) sums4(acc[r][0], acc[r][1], acc[r][2], acc[r][3], out[r]);
+  for (int r = 0; r < kRows; ++r) out[r] = sums4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
   if (kFull == 0) {
     for (int r = 0; r < kRows; ++r) {
       for (int64_t d = full * kWidth; d < head_dim; ++d) {
@@ -190,7 +188,7 @@ inline void dots(Row<T>* const* rows, const T* const* keys, int64_t head_dim, fl
 // multiple of 32: q and k are read as bf16 pairs without widening.
 template <int kRows>
 inline void dots_bf16_pairs(Row<uint16_t>* const* rows, const uint16_t* const* keys,
-                            int64_t head_dim, float (*out)[4]) {
+                            int64_t head_dim, Vec4* out) {
   __m512 acc[kRows][4];
   for (int r = 0; r < kRows; ++r) {
     for (int i = 0; i < 4; ++i) acc[r][i] = _mm512_setzero_ps();
@@ -204,7 +202,7 @@ inline void dots_bf16_pairs(Row<uint16_t>* const* rows, const uint16_t* const* k
     }
   }
   for (int r = 0; r < kRows; ++r) {
-    sums4((VecF)acc[r][0], (VecF)acc[r][1], (VecF)acc[r][2], (VecF)acc[r][3], out[r]);
+    out[r] = sums4((VecF)acc[r][0], (VecF)acc[r][1], (VecF)acc[r][2], (VecF)acc[r][3]);
   }
 }
 #endif
@@ -214,11 +212,12 @@ template <class T, int kFull, int kRows>
 void scores_block(const SdpaDecodeProblem& p, Row<T>* const* rows, const T* k_head, int64_t begin,
                   int64_t end) {
   const int64_t head_dim = p.head_dim;
-  float max[kRows];
-  for (int r = 0; r < kRows; ++r) max[r] = rows[r]->max;
+  const Vec4 neg_inf = Vec4{} + kNegInf;
+  Vec4 max[kRows];
+  for (int r = 0; r < kRows; ++r) max[r] = Vec4{} + rows[r]->max;
   for (int64_t j = begin; j < end; j += 4) {
     const int n = static_cast<int>(end - j < 4 ? end - j : 4);
-    float bias[kRows][4] = {};
+    Vec4 bias[kRows] = {};
     bool any = false;
     const T* keys[4];
     for (int i = 0; i < 4; ++i) {
@@ -229,7 +228,7 @@ void scores_block(const SdpaDecodeProblem& p, Row<T>* const* rows, const T* k_he
         any = any || (i < n && bias[r][i] != kNegInf);
       }
     }
-    float dot[kRows][4] = {};
+    Vec4 dot[kRows] = {};
     if (any) {
 #if defined(__AVX512BF16__)
       if constexpr (std::is_same_v<T, uint16_t>) {
@@ -245,15 +244,25 @@ void scores_block(const SdpaDecodeProblem& p, Row<T>* const* rows, const T* k_he
       dots<T, kFull, kRows>(rows, keys, head_dim, dot);
 #endif
     }
+    // Scale, bias and running max four keys at a time; a −inf bias stays −inf.
     for (int r = 0; r < kRows; ++r) {
-      for (int i = 0; i < n; ++i) {
-        const float s = bias[r][i] == kNegInf ? kNegInf : dot[r][i] * p.scale + bias[r][i];
-        rows[r]->scores[j + i] = s;
+      const Vec4 s = bias[r] == neg_inf ? neg_inf : dot[r] * p.scale + bias[r];
+      if (n == 4) {
+        std::memcpy(rows[r]->scores + j, &s, sizeof s);
         max[r] = s > max[r] ? s : max[r];
+      } else {
+        for (int i = 0; i < n; ++i) {
+          rows[r]->scores[j + i] = s[i];
+          max[r][0] = s[i] > max[r][0] ? s[i] : max[r][0];
+        }
       }
     }
   }
-  for (int r = 0; r < kRows; ++r) rows[r]->max = max[r];
+  for (int r = 0; r < kRows; ++r) {
+    float m = max[r][0];
+    for (int i = 1; i < 4; ++i) m = max[r][i] > m ? max[r][i] : m;
+    rows[r]->max = m;
+  }
 }
 
 // Step 2: scores become exp(s − max), row.sum their sum (all 0 for a fully masked row).
@@ -335,29 +344,30 @@ void accumulate_block(const SdpaDecodeProblem& p, Row<T>& row, const T* v_head, 
   }
 }
 
-// Step 3 for two rows at once (kFull > 0): each V vector is loaded once for both.
-template <class T, int kFull>
-void accumulate_block_pair(const SdpaDecodeProblem& p, Row<T>& first, Row<T>& second,
-                           const T* v_head, int64_t begin, int64_t end) {
-  VecF acc0[kFull], acc1[kFull];
-  for (int d = 0; d < kFull; ++d) {
-    acc0[d] = load(first.acc + d * kWidth);
-    acc1[d] = load(second.acc + d * kWidth);
+// Step 3 for kRows rows at once (kFull > 0): each V vector is loaded once for all of them.
+template <class T, int kFull, int kRows>
+void accumulate_block_rows(const SdpaDecodeProblem& p, Row<T>* rows, const T* v_head, int64_t begin,
+                           int64_t end) {
+  VecF acc[kRows][kFull];
+  for (int r = 0; r < kRows; ++r) {
+    for (int d = 0; d < kFull; ++d) acc[r][d] = load(rows[r].acc + d * kWidth);
   }
   for (int64_t j = begin; j < end; ++j) {
-    const float w0 = first.scores[j], w1 = second.scores[j];
-    if (w0 == 0.0f && w1 == 0.0f) continue;
+    float w[kRows];
+    bool any = false;
+    for (int r = 0; r < kRows; ++r) {
+      w[r] = rows[r].scores[j];
+      any = any || w[r] != 0.0f;
+    }
+    if (!any) continue;
     const T* v = v_head + j * p.v_stride[2];
-    const VecF s0 = splat(w0), s1 = splat(w1);
     for (int d = 0; d < kFull; ++d) {
       const VecF vv = load(v + d * kWidth);
-      acc0[d] += s0 * vv;
-      acc1[d] += s1 * vv;
+      for (int r = 0; r < kRows; ++r) acc[r][d] += splat(w[r]) * vv;
     }
   }
-  for (int d = 0; d < kFull; ++d) {
-    store(first.acc + d * kWidth, acc0[d]);
-    store(second.acc + d * kWidth, acc1[d]);
+  for (int r = 0; r < kRows; ++r) {
+    for (int d = 0; d < kFull; ++d) store(rows[r].acc + d * kWidth, acc[r][d]);
   }
 }
 
@@ -365,8 +375,14 @@ template <class T, int kFull>
 void run_rows(const SdpaDecodeProblem& p, int64_t group, int64_t row_begin, int64_t row_end,
               float* scratch) {
   constexpr int64_t kMaxRows = 64;  // rows per pass; sdpa_decode.cpp splits larger groups
-  // Rows share V loads in pairs when both rows' accumulators fit in registers.
-  constexpr bool kPairRows = kFull > 0 && 2 * kFull <= (kWidth >= 16 ? 16 : 6);
+  // Rows share K loads four at a time where 16 accumulators fit in registers (AVX-512),
+  // else two; they share V loads as far as their accumulators fit.
+  constexpr int kScoreRows = kWidth >= 16 ? 4 : 2;
+  constexpr int kRegisters = kWidth >= 16 ? 16 : 6;  // for P·V accumulators
+  constexpr int kValueRows = kFull == 0                ? 1
+                             : 4 * kFull <= kRegisters ? 4
+                             : 2 * kFull <= kRegisters ? 2
+                                                       : 1;
   const int64_t b = group / p.kv_heads, kv_head = group % p.kv_heads;
   const int64_t heads_per_kv = p.q_heads / p.kv_heads;
   const int64_t padded = (p.head_dim + kWidth - 1) / kWidth * kWidth;
@@ -404,11 +420,18 @@ void run_rows(const SdpaDecodeProblem& p, int64_t group, int64_t row_begin, int6
     for (int64_t begin = 0; begin < p.kv_len; begin += kKeyBlock) {
       const int64_t end = p.kv_len - begin < kKeyBlock ? p.kv_len : begin + kKeyBlock;
       int64_t r = 0;
-      for (; r + 2 <= rows; r += 2) {
-        Row<T>* pair[2] = {&row_of[r], &row_of[r + 1]};
-        scores_block<T, kFull, 2>(p, pair, k_head, begin, end);
+      for (; r + kScoreRows <= rows; r += kScoreRows) {
+        Row<T>* group_rows[kScoreRows];
+        for (int i = 0; i < kScoreRows; ++i) group_rows[i] = &row_of[r + i];
+        scores_block<T, kFull, kScoreRows>(p, group_rows, k_head, begin, end);
       }
-      if (r < rows) {
+      if constexpr (kScoreRows > 2) {
+        for (; r + 2 <= rows; r += 2) {
+          Row<T>* pair[2] = {&row_of[r], &row_of[r + 1]};
+          scores_block<T, kFull, 2>(p, pair, k_head, begin, end);
+        }
+      }
+      for (; r < rows; ++r) {
         Row<T>* single[1] = {&row_of[r]};
         scores_block<T, kFull, 1>(p, single, k_head, begin, end);
       }
@@ -417,9 +440,14 @@ void run_rows(const SdpaDecodeProblem& p, int64_t group, int64_t row_begin, int6
     for (int64_t begin = 0; begin < p.kv_len; begin += kKeyBlock) {
       const int64_t end = p.kv_len - begin < kKeyBlock ? p.kv_len : begin + kKeyBlock;
       int64_t r = 0;
-      if constexpr (kPairRows) {
+      if constexpr (kValueRows > 1) {
+        for (; r + kValueRows <= rows; r += kValueRows) {
+          accumulate_block_rows<T, kFull, kValueRows>(p, &row_of[r], v_head, begin, end);
+        }
+      }
+      if constexpr (kValueRows > 2) {
         for (; r + 2 <= rows; r += 2) {
-          accumulate_block_pair<T, kFull>(p, row_of[r], row_of[r + 1], v_head, begin, end);
+          accumulate_block_rows<T, kFull, 2>(p, &row_of[r], v_head, begin, end);
         }
       }
       for (; r < rows; ++r) accumulate_block<T, kFull>(p, row_of[r], v_head, begin, end);
