@@ -11,6 +11,8 @@ tensors vs neuron tensors); blocks alternate and medians are compared. Three cas
   rows=N   as gqa with N = 2, 4, 8 query rows (speculative or chunked decode; 8 is the
            native kernel's limit, longer queries run the CPU kernel).
 
+Each call reads a different copy of K/V (copies spanning 128 MiB, 4x this host's L3), so the
+cache is read from memory as in a model, where 16-32 layers' caches pass between reuses.
 The roofline column is the time to stream the K and V bytes the step must read (the used
 positions of the cache, per kv head actually stored) at the host's measured read bandwidth
 with the same number of threads (benchmarks/hf_generate.py's read_bandwidth: a 512 MiB
@@ -45,29 +47,30 @@ class Case:
     rows: int = 1
 
 
+# K/V copies are cycled so that each call reads them from memory, not from the last call's
+# cache contents: together they span this many bytes (4x a 32 MiB L3).
+ROTATION_BYTES = 128 << 20
+
+
 @dataclass
 class Inputs:
     q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
+    kv: list[tuple[torch.Tensor, torch.Tensor]]  # copies of (K, V), used in turn
     mask: torch.Tensor | None
     enable_gqa: bool
     bytes_read: int  # K and V bytes the step must read
+    turn: int = 0
 
     def to(self, device: str) -> Inputs:
         mask = None if self.mask is None else self.mask.to(device)
-        return Inputs(
-            self.q.to(device),
-            self.k.to(device),
-            self.v.to(device),
-            mask,
-            self.enable_gqa,
-            self.bytes_read,
-        )
+        kv = [(k.to(device), v.to(device)) for k, v in self.kv]
+        return Inputs(self.q.to(device), kv, mask, self.enable_gqa, self.bytes_read)
 
     def call(self) -> torch.Tensor:
+        k, v = self.kv[self.turn]
+        self.turn = (self.turn + 1) % len(self.kv)
         return F.scaled_dot_product_attention(
-            self.q, self.k, self.v, attn_mask=self.mask, enable_gqa=self.enable_gqa
+            self.q, k, v, attn_mask=self.mask, enable_gqa=self.enable_gqa
         )
 
 
@@ -77,15 +80,21 @@ def inputs(case: Case, dtype: torch.dtype) -> Inputs:
     k = torch.randn(1, KV_HEADS, case.cache, HEAD_DIM, generator=g).to(dtype)
     v = torch.randn(1, KV_HEADS, case.cache, HEAD_DIM, generator=g).to(dtype)
     per_position = 2 * HEAD_DIM * k.element_size()
-    if case.name != "hf":
-        return Inputs(q, k, v, None, True, KV_HEADS * case.cache * per_position)
-    used = case.cache // 2
-    mask = torch.zeros(1, 1, 1, case.cache)
-    mask[..., used:] = float("-inf")
-    repeat = Q_HEADS // KV_HEADS
-    k, v = (t[:, :, None].expand(1, KV_HEADS, repeat, case.cache, HEAD_DIM) for t in (k, v))
-    k, v = (t.reshape(1, Q_HEADS, case.cache, HEAD_DIM) for t in (k, v))
-    return Inputs(q, k, v, mask.to(dtype), False, Q_HEADS * used * per_position)
+    mask = None
+    bytes_read = KV_HEADS * case.cache * per_position
+    if case.name == "hf":
+        used = case.cache // 2
+        mask = torch.zeros(1, 1, 1, case.cache)
+        mask[..., used:] = float("-inf")
+        mask = mask.to(dtype)
+        repeat = Q_HEADS // KV_HEADS
+        k, v = (t[:, :, None].expand(1, KV_HEADS, repeat, case.cache, HEAD_DIM) for t in (k, v))
+        k, v = (t.reshape(1, Q_HEADS, case.cache, HEAD_DIM) for t in (k, v))
+        bytes_read = Q_HEADS * used * per_position
+    stored = 2 * k.numel() * k.element_size()
+    copies = max(1, -(-ROTATION_BYTES // stored))
+    kv = [(k.clone(), v.clone()) for _ in range(copies)]
+    return Inputs(q, kv, mask, case.name != "hf", bytes_read)
 
 
 def cases(quick: bool) -> list[Case]:
