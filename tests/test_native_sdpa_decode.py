@@ -186,6 +186,18 @@ def test_one_kv_head_splits_rows_across_threads() -> None:
         torch.set_num_threads(threads)
 
 
+def test_native_kernels_get_the_intra_op_threads() -> None:
+    # at::parallel_for in our library must fan out (it needs the build's -fopenmp).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert torchneuron._C._intra_op_threads_used() == 2
+        torch.set_num_threads(1)
+        assert torchneuron._C._intra_op_threads_used() == 1
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("case", ["long_query", "causal", "float16", "float64"])
 def test_fallbacks_run_the_cpu_kernel(case: str) -> None:
     dtype = {"float16": torch.float16, "float64": torch.float64}.get(case, torch.float32)
