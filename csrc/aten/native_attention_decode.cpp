@@ -9,7 +9,9 @@
 // through the host-kernel executor, so results and errors there are the CPU's.
 //
 // Outputs match the CPU kernel's: out is empty_like(query) (the query's layout), logsumexp
-// is float32 (batch, heads, rows) laid out as (batch, rows, heads).
+// is float32 (batch, heads, rows) laid out as (batch, rows, heads). Like every neuron op,
+// a call launches on its stream's worker when it can (async_launch.h; the worker runs this
+// same kernel inline), else waits for launched work before reading device memory.
 #include <ATen/Operators.h>
 #include <ATen/Parallel.h>
 #include <ATen/native/CPUFallback.h>
@@ -22,6 +24,7 @@
 #include <cmath>
 #include <optional>
 
+#include "async_launch.h"
 #include "device_activity.h"
 #include "device_placement.h"
 #include "host_kernel_executor.h"
@@ -108,6 +111,18 @@ std::tuple<at::Tensor, at::Tensor> flash_attention(const at::Tensor& query, cons
                                                    bool is_causal,
                                                    const std::optional<at::Tensor>& attn_mask,
                                                    std::optional<double> scale) {
+  const c10::DeviceIndex device = first_device(query, key, value);
+  if (device >= 0 && async_candidate(tensor_bytes(query, key, value, attn_mask))) {
+    static const c10::OperatorHandle handle =
+        c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
+    if (auto results =
+            launch_async_unboxed<const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+                                 bool, const std::optional<at::Tensor>&, std::optional<double>>(
+                handle, device, query, key, value, dropout_p, is_causal, attn_mask, scale)) {
+      return {std::move((*results)[0]).toTensor(), std::move((*results)[1]).toTensor()};
+    }
+  }
+  wait_for_device_work();
   static OpCounter& executed = op_counter_named(Op::name);
   static std::atomic<uint64_t>& runs = native_kernel_counter(Op::name);
   std::optional<at::Tensor> mask;
