@@ -411,11 +411,18 @@ NN = {
 }
 
 
+# Native kernels (GEMM, decode attention) sum in their own order: float32 results differ from
+# the CPU's by a few ulps of the largest terms. multi_head_attention's input gradients reach
+# ~170 with elements near 1 left after cancellation, so its absolute tolerance covers
+# ~1e-4 (relative ~6e-7 of the largest terms); everything else keeps the default.
+NN_TOLERANCE = {"multi_head_attention": {"rtol": 1e-5, "atol": 1e-4}}
+
+
 @pytest.mark.parametrize("name", list(NN))
 def test_nn_op(name):
     torch.manual_seed(0)
     fn, factory = NN[name]
-    check(fn, factory())
+    check(fn, factory(), NN_TOLERANCE.get(name))
 
 
 # ---------------------------------------------------------------------------- indexing

@@ -259,9 +259,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   // Activations (silu and softmax: native_row_ops.cpp).
   register_typed<at::_ops::relu>(m);
   register_typed<at::_ops::gelu>(m);
-  // Norms and attention: several results each, on every transformer layer's path.
+  // Norms: several results each, on every transformer layer's path (attention:
+  // native_attention_decode.cpp).
   register_typed<at::_ops::native_layer_norm>(m);
-  register_typed<at::_ops::_scaled_dot_product_flash_attention_for_cpu>(m);
   // Their backward passes, and the activations', for training steps.
   register_typed<at::_ops::native_layer_norm_backward>(m);
   register_typed<at::_ops::gelu_backward>(m);

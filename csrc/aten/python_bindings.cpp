@@ -1,4 +1,5 @@
 // torchneuron._C: the functions the Python device module (torch.neuron) is built on.
+#include <ATen/Parallel.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -6,6 +7,8 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <map>
+#include <mutex>
+#include <set>
 #include <string>
 
 #include "async_launch.h"
@@ -122,6 +125,18 @@ PYBIND11_MODULE(_C, m) {
   });
   // The mode this process launches in (NEURON_LAUNCH_BLOCKING, read once).
   m.def("_launch_blocking", [] { return !torchneuron::async_launches(); });
+  m.def("_intra_op_threads_used", [] {
+    // How many intra-op threads an at::parallel_for compiled into this library runs on: the
+    // native kernels' thread split. 1 whatever torch.set_num_threads says if the build lost
+    // OpenMP (at::parallel_for is an inline `#pragma omp` template).
+    std::mutex mutex;
+    std::set<int> threads;
+    at::parallel_for(0, 4 * at::get_num_threads(), 1, [&](int64_t, int64_t) {
+      const std::lock_guard<std::mutex> lock(mutex);
+      threads.insert(at::get_thread_num());
+    });
+    return static_cast<int64_t>(threads.size());
+  });
   m.def("_mem_get_info", [](int64_t device) {
     return torchneuron::caching_allocator().getMemoryInfo(
         torchneuron::checked_device_index(device, /*allow_current=*/true));

@@ -19,6 +19,7 @@
 
 #include "row_kernels.h"
 #include "row_kernels_levels.h"
+#include "vec_exp.h"
 
 // No std:: templates with out-of-line code here (std::vector and the like): their weak
 // instances could be shared with baseline translation units and run AVX-512 code on a host
@@ -151,26 +152,7 @@ inline float horizontal_max(VecF v) {
   return reduce_lanes(v, [](VecF a, VecF b) { return a > b ? a : b; });
 }
 
-// exp(x) to about 1 ulp (Cephes' expf polynomial on x - n ln2, scaled by 2^n). Below
-// -87.3 the result is 0 (no subnormals): softmax's masked (-inf) entries come out exactly 0.
-inline VecF exp_vec(VecF x) {
-  const VecI underflow = x < -87.33654f;
-  x = x < -87.33654f ? splat(-87.33654f) : x;
-  x = x > 88.0f ? splat(88.0f) : x;
-  const VecF n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x / ln2)
-  VecF r = x - n * 0.693359375f;
-  r = r - n * -2.12194440e-4f;
-  VecF p = splat(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const VecF y = p * (r * r) + r + 1.0f;
-  const VecI scale_bits = (__builtin_convertvector(n, VecI) + 127) << 23;
-  const VecF result = y * (VecF)scale_bits;
-  return underflow ? splat(0.0f) : result;
-}
+inline VecF exp_vec(VecF x) { return exp_cephes<VecF, VecI>(x); }
 
 inline VecF sigmoid_vec(VecF x) { return 1.0f / (1.0f + exp_vec(-x)); }
 
