@@ -403,22 +403,212 @@ class Snapshots {
   c10::SmallVector<std::pair<const c10::StorageImpl*, c10::Storage>, 4> storages_;
 };
 
-// A neuron result allocated now for what the meta kernel said; null when it cannot be.
-bool allocate_result(const at::Tensor& meta, const MetaArguments& arguments,
-                     c10::SmallVector<const c10::StorageImpl*, 4>& seen, c10::DeviceIndex device,
-                     at::Tensor* out) {
-  if (!meta.defined()) {
-    *out = meta;
+// What the meta kernel said about one result tensor.
+struct TensorSpec {
+  bool defined = false;
+  std::vector<int64_t> sizes, strides;
+  int64_t offset = 0;
+  caffe2::TypeMeta dtype;
+  size_t nbytes = 0;
+};
+
+// Per return: an argument returned as is (alias), one tensor, a list of them, or None.
+struct ResultSpec {
+  enum class Kind { kAlias, kTensor, kList, kNone } kind = Kind::kNone;
+  std::vector<TensorSpec> tensors;
+};
+
+// An op's results for one argument signature, or the verdict that it runs inline.
+struct LaunchSpec {
+  bool inline_only = false;
+  std::vector<ResultSpec> results;
+};
+
+// Why a cache: PyTorch registers Python meta kernels over the C++ ones
+// (torch/_meta_registrations.py), and a Python meta kernel costs ~200 us a call. Loops run
+// the same signatures again and again, so each is asked once per thread.
+class LaunchSpecCache {
+ public:
+  // The cache key of a call: the op, and every argument's value, or for a tensor its
+  // device, dtype, geometry and which earlier argument's storage it shares. False when an
+  // argument has no such summary (the call is then not cached).
+  static bool key(const c10::FunctionSchema& schema, const torch::jit::Stack& stack, size_t first,
+                  std::string* out) {
+    std::string& k = *out;
+    k.reserve(128);
+    append(k, &schema);
+    c10::SmallVector<const c10::StorageImpl*, 8> storages;
+    auto tensor = [&](const at::Tensor& t) {
+      if (!t.defined()) {
+        k.push_back('u');
+        return;
+      }
+      k.push_back(t.device().is_cpu() ? 'c' : 'n');
+      append(k, t.device().index());
+      append(k, static_cast<int8_t>(t.scalar_type()));
+      append(k, static_cast<int8_t>(t.unsafeGetTensorImpl()->is_wrapped_number()));
+      append(k, static_cast<int64_t>(t.dim()));
+      for (int64_t v : t.sizes()) append(k, v);
+      for (int64_t v : t.strides()) append(k, v);
+      append(k, t.storage_offset());
+      append(k, t.storage().nbytes());
+      const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+      int64_t shared = -1;
+      for (size_t i = 0; i < storages.size(); ++i) {
+        if (storages[i] == storage) shared = static_cast<int64_t>(i);
+      }
+      if (shared < 0) storages.push_back(storage);
+      append(k, shared);
+    };
+    for (size_t i = first; i < stack.size(); ++i) {
+      const c10::IValue& v = stack[i];
+      if (v.isTensor()) {
+        tensor(v.toTensor());
+      } else if (v.isTensorList()) {
+        k.push_back('L');
+        append(k, v.toTensorList().size());
+        for (const at::Tensor& t : v.toTensorList()) tensor(t);
+      } else if (v.isOptionalTensorList()) {
+        k.push_back('O');
+        for (const std::optional<at::Tensor> t : v.toOptionalTensorList()) {
+          if (t.has_value()) {
+            tensor(*t);
+          } else {
+            k.push_back('-');
+          }
+        }
+      } else if (v.isNone()) {
+        k.push_back('N');
+      } else if (v.isInt()) {
+        k.push_back('i');
+        append(k, v.toInt());
+      } else if (v.isDouble()) {
+        k.push_back('d');
+        append(k, v.toDouble());
+      } else if (v.isBool()) {
+        k.push_back(v.toBool() ? 'B' : 'b');
+      } else if (v.isIntList()) {
+        k.push_back('I');
+        const auto list = v.toIntList();
+        append(k, list.size());
+        for (int64_t x : list) append(k, x);
+      } else if (v.isDevice()) {
+        k.push_back('D');
+        append(k, static_cast<int8_t>(v.toDevice().type()));
+        append(k, v.toDevice().index());
+      } else if (v.isString()) {
+        k.push_back('S');
+        const auto text = v.toStringRef();
+        append(k, text.size());
+        k.append(text);
+      } else {
+        return false;  // symbolic, complex, lists of floats, ...: not summarised
+      }
+    }
     return true;
   }
+
+  std::shared_ptr<const LaunchSpec> find(const std::string& key) const {
+    auto hit = entries_.find(key);
+    return hit == entries_.end() ? nullptr : hit->second;
+  }
+
+  void store(std::string key, std::shared_ptr<const LaunchSpec> spec) {
+    if (entries_.size() >= kMaxEntries) entries_.clear();  // shapes churn: start over
+    entries_.emplace(std::move(key), std::move(spec));
+  }
+
+ private:
+  static constexpr size_t kMaxEntries = 8192;
+
+  template <class T>
+  static void append(std::string& k, const T& value) {
+    k.append(reinterpret_cast<const char*>(&value), sizeof(value));
+  }
+
+  std::unordered_map<std::string, std::shared_ptr<const LaunchSpec>> entries_;
+};
+
+thread_local LaunchSpecCache tls_specs;
+
+// The spec of a meta result; false when it cannot be launched (a view of an argument, a
+// result sharing memory with another, not a meta tensor).
+bool spec_of(const at::Tensor& meta, const MetaArguments& arguments,
+             c10::SmallVector<const c10::StorageImpl*, 4>& seen, TensorSpec* out) {
+  if (!meta.defined()) return true;
   const c10::StorageImpl* storage = meta.storage().unsafeGetStorageImpl();
   if (!meta.is_meta() || arguments.is_argument_storage(storage)) return false;
   for (const c10::StorageImpl* other : seen) {
-    if (other == storage) return false;  // results sharing memory: run inline
+    if (other == storage) return false;
   }
   seen.push_back(storage);
-  *out = device_tensor_on(new_device_storage(meta.storage().nbytes(), device), meta);
+  out->defined = true;
+  out->sizes.assign(meta.sizes().begin(), meta.sizes().end());
+  out->strides.assign(meta.strides().begin(), meta.strides().end());
+  out->offset = meta.storage_offset();
+  out->dtype = meta.dtype();
+  out->nbytes = meta.storage().nbytes();
   return true;
+}
+
+// Runs the meta kernel for the call's results; a spec with inline_only when the call must
+// run inline.
+std::shared_ptr<const LaunchSpec> spec_from_meta(const c10::OperatorHandle& op, AsyncPlan& plan,
+                                                 const torch::jit::Stack& stack, size_t first,
+                                                 c10::DeviceIndex device) {
+  auto spec = std::make_shared<LaunchSpec>();
+  spec->inline_only = true;
+  const size_t num_args = stack.size() - first;
+  MetaArguments arguments(device);
+  torch::jit::Stack meta;
+  meta.reserve(num_args);
+  for (size_t i = 0; i < num_args; ++i) {
+    c10::IValue converted;
+    if (!arguments.convert(stack[first + i], plan.is_written[i], plan.allows_host[i], &converted)) {
+      return spec;
+    }
+    meta.push_back(std::move(converted));
+  }
+  try {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
+  } catch (const std::exception&) {
+    // No meta kernel, or an error the inline run will raise with the real kernel's words.
+    plan.meta_failures.fetch_add(1, std::memory_order_relaxed);
+    return spec;
+  }
+  if (!arguments.written_unchanged()) return spec;
+  c10::SmallVector<const c10::StorageImpl*, 4> seen;
+  for (size_t j = 0; j < meta.size(); ++j) {
+    ResultSpec result;
+    if (plan.return_aliases[j] >= 0) {
+      result.kind = ResultSpec::Kind::kAlias;
+    } else if (meta[j].isTensor()) {
+      result.kind = ResultSpec::Kind::kTensor;
+      result.tensors.emplace_back();
+      if (!spec_of(meta[j].toTensor(), arguments, seen, &result.tensors.back())) return spec;
+    } else if (meta[j].isTensorList()) {
+      result.kind = ResultSpec::Kind::kList;
+      for (const at::Tensor& m : meta[j].toTensorList()) {
+        result.tensors.emplace_back();
+        if (!spec_of(m, arguments, seen, &result.tensors.back())) return spec;
+      }
+    } else if (!meta[j].isNone()) {
+      return spec;
+    }
+    spec->results.push_back(std::move(result));
+  }
+  spec->inline_only = false;
+  return spec;
+}
+
+// A neuron result of `spec`, allocated now on the caller's stream.
+at::Tensor make_result(const TensorSpec& spec, c10::DeviceIndex device) {
+  if (!spec.defined) return at::Tensor();
+  at::Tensor result = at::detail::make_tensor<c10::TensorImpl>(
+      new_device_storage(spec.nbytes, device), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+      spec.dtype);
+  result.unsafeGetTensorImpl()->set_sizes_and_strides(spec.sizes, spec.strides, spec.offset);
+  return result;
 }
 
 // One launched op, owned by its task.
@@ -581,26 +771,15 @@ bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   const size_t first = stack->size() - num_args;
   if (plan.same_dtypes && mixes_dtypes(*stack, first)) return false;
 
-  // Shapes, dtypes and strides of the results, from the meta kernel.
-  MetaArguments arguments(device);
-  torch::jit::Stack meta;
-  meta.reserve(num_args);
-  for (size_t i = 0; i < num_args; ++i) {
-    c10::IValue converted;
-    if (!arguments.convert((*stack)[first + i], plan.is_written[i], plan.allows_host[i],
-                           &converted)) {
-      return false;
-    }
-    meta.push_back(std::move(converted));
+  // Shapes, dtypes and strides of the results: the meta kernel's, once per signature.
+  std::string key;
+  const bool cacheable = LaunchSpecCache::key(op.schema(), *stack, first, &key);
+  std::shared_ptr<const LaunchSpec> spec = cacheable ? tls_specs.find(key) : nullptr;
+  if (spec == nullptr) {
+    spec = spec_from_meta(op, plan, *stack, first, device);
+    if (cacheable) tls_specs.store(std::move(key), spec);
   }
-  try {
-    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &meta);
-  } catch (const std::exception&) {
-    // No meta kernel, or an error the inline run will raise with the real kernel's words.
-    plan.meta_failures.fetch_add(1, std::memory_order_relaxed);
-    return false;
-  }
-  if (!arguments.written_unchanged()) return false;
+  if (spec->inline_only) return false;
 
   auto launched = std::make_unique<LaunchedOp>(LaunchedOp{op,
                                                           &plan,
@@ -612,35 +791,32 @@ bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                                                           at::get_num_threads(),
                                                           current_launch_correlation()});
   std::vector<c10::IValue> results;  // what the caller gets
-  results.reserve(meta.size());
+  results.reserve(spec->results.size());
   Snapshots snapshots;
-  c10::SmallVector<const c10::StorageImpl*, 4> seen;
-  for (size_t j = 0; j < meta.size(); ++j) {
-    const int alias_of = plan.return_aliases[j];
-    if (alias_of >= 0) {
-      results.push_back((*stack)[first + static_cast<size_t>(alias_of)]);
-      launched->results.emplace_back();
-      continue;
-    }
-    if (meta[j].isTensor()) {
-      at::Tensor out;
-      if (!allocate_result(meta[j].toTensor(), arguments, seen, device, &out)) return false;
-      results.emplace_back(out);
-      launched->results.emplace_back(snapshots(out));
-    } else if (meta[j].isTensorList()) {
-      c10::List<at::Tensor> outs;
-      for (const at::Tensor& m : meta[j].toTensorList()) {
-        at::Tensor out;
-        if (!allocate_result(m, arguments, seen, device, &out)) return false;
-        outs.push_back(out);
+  for (size_t j = 0; j < spec->results.size(); ++j) {
+    const ResultSpec& result = spec->results[j];
+    switch (result.kind) {
+      case ResultSpec::Kind::kAlias:
+        results.push_back((*stack)[first + static_cast<size_t>(plan.return_aliases[j])]);
+        launched->results.emplace_back();
+        break;
+      case ResultSpec::Kind::kTensor: {
+        at::Tensor out = make_result(result.tensors[0], device);
+        launched->results.emplace_back(snapshots(out));
+        results.emplace_back(std::move(out));
+        break;
       }
-      launched->results.emplace_back(snapshots(c10::IValue(outs)));
-      results.emplace_back(std::move(outs));
-    } else if (meta[j].isNone()) {
-      results.emplace_back();
-      launched->results.emplace_back();
-    } else {
-      return false;
+      case ResultSpec::Kind::kList: {
+        c10::List<at::Tensor> outs;
+        for (const TensorSpec& t : result.tensors) outs.push_back(make_result(t, device));
+        launched->results.emplace_back(snapshots(c10::IValue(outs)));
+        results.emplace_back(std::move(outs));
+        break;
+      }
+      case ResultSpec::Kind::kNone:
+        results.emplace_back();
+        launched->results.emplace_back();
+        break;
     }
   }
   for (const c10::IValue& result : launched->results) {

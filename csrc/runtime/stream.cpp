@@ -1,6 +1,7 @@
 #include "stream.h"
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 
 #include "env.h"
@@ -38,15 +39,18 @@ void Stream::enqueue(std::function<void()> task) {
     run_task(inline_task);
     return;
   }
+  bool wake = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     Task queued{std::move(task), {}};
     queued.waits.swap(waits_);
     queue_.push_back(std::move(queued));
+    queued_.fetch_add(1, std::memory_order_release);
     launched_.fetch_add(1);
     if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
+    wake = worker_sleeping_;
   }
-  queue_cv_.notify_one();
+  if (wake) queue_cv_.notify_one();
 }
 
 void Stream::run_task(Task& task) {
@@ -64,13 +68,23 @@ void Stream::run_task(Task& task) {
 
 void Stream::worker_loop() {
   for (;;) {
+    // A launching thread usually sends the next task within microseconds: look for it
+    // briefly before sleeping, which would cost a wake-up (two system calls) per task.
+    const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+    while (queued_.load(std::memory_order_acquire) == 0 &&
+           std::chrono::steady_clock::now() < spin_until) {
+      std::this_thread::yield();
+    }
     Task task;
     {
       std::unique_lock<std::mutex> lock(mutex_);
+      worker_sleeping_ = true;
       queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      worker_sleeping_ = false;
       if (queue_.empty()) return;  // stopping, and nothing left
       task = std::move(queue_.front());
       queue_.pop_front();
+      queued_.fetch_sub(1, std::memory_order_release);
     }
     try {
       run_task(task);

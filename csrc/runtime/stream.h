@@ -72,8 +72,10 @@ class Stream {
   // Asynchronous mode: tasks not yet taken by the worker, and the worker itself.
   std::deque<Task> queue_;  // guarded by mutex_
   std::condition_variable queue_cv_;
-  bool stopping_ = false;  // guarded by mutex_
-  std::thread worker_;     // started by the first enqueue, under mutex_
+  bool stopping_ = false;          // guarded by mutex_
+  bool worker_sleeping_ = false;   // guarded by mutex_: enqueue wakes it only then
+  std::atomic<size_t> queued_{0};  // queue_.size(), for the worker's spin
+  std::thread worker_;             // started by the first enqueue, under mutex_
 };
 
 // The streams of one device, addressed by index; index 0 is the default stream.
