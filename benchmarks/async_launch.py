@@ -10,6 +10,9 @@ returns) and the default asynchronous launches. Workloads:
     max(host, device) instead of host + device per step.
   - decode: greedy static-cache decode of a small Llama (4 layers, hidden 512), the
     Transformers generation loop, where Python and dispatch between ops are the host work.
+  - launch-add, launch-gemv, launch-softmax: what one op costs the calling thread (3000
+    calls without synchronizing in between: a tiny add, a 64x1024 GEMV, a 64x1024 softmax),
+    with TORCHNEURON_ASYNC_MIN_BYTES=0 in the asynchronous process so every call launches.
 
 speedup = blocking seconds per step / asynchronous seconds per step (> 1: async is faster).
 The device computes with 1 intra-op thread, so the stream worker and the Python thread use
@@ -56,7 +59,21 @@ def timed(step, steps, sync):
     return statistics.median(samples)
 
 sync = torch.neuron.synchronize if device == "neuron" else (lambda: None)
-if workload == "overlap":
+if workload.startswith("launch-"):
+    x = torch.randn(1024, device=device)
+    w = torch.randn(64, 1024, device=device)
+    op = {"launch-add": lambda: x + 1, "launch-gemv": lambda: torch.mm(w, x[:, None]),
+          "launch-softmax": lambda: torch.softmax(w, -1)}[workload]
+    op(); sync()
+    samples = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(3000):
+            op()
+        samples.append((time.perf_counter() - start) / 3000)  # calling thread only
+        sync()
+    print(json.dumps({"seconds": statistics.median(samples)}))
+elif workload == "overlap":
     torch.manual_seed(0)
     x = torch.randn(768, 768, device=device)
     w = torch.randn(768, 768, device=device) / 28
@@ -98,6 +115,8 @@ def run(workload: str, device: str, blocking: bool) -> float:
     env.pop("NEURON_LAUNCH_BLOCKING", None)
     if blocking:
         env["NEURON_LAUNCH_BLOCKING"] = "1"
+    elif workload.startswith("launch-"):
+        env["TORCHNEURON_ASYNC_MIN_BYTES"] = "0"
     result = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(_CHILD), workload, device],
         env=env,
@@ -123,9 +142,10 @@ def main() -> int:
     )
     table = Table(
         ["workload", "CPU eager ms/step", "neuron blocking ms", "neuron async ms", "speedup"],
+        # launch-*: milliseconds per call on the calling thread
         [],
     )
-    for workload in ("overlap", "decode"):
+    for workload in ("overlap", "decode", "launch-add", "launch-gemv", "launch-softmax"):
         cpu = run(workload, "cpu", blocking=True)
         blocking = run(workload, "neuron", blocking=True)
         asynchronous = run(workload, "neuron", blocking=False)

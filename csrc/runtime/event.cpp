@@ -97,7 +97,8 @@ extern "C" nrt_status nrt_event_synchronize(nrt_event_t event) {
   if (nrt_status status = usable_event(event, "nrt_event_synchronize", &state)) return status;
   std::unique_lock<std::mutex> lock(state->mutex);
   if (!state->recorded || state->done) return NRT_SUCCESS;
-  if (state->stream->running_on_this_thread()) {
+  const std::shared_ptr<nrt::Stream> stream = state->stream.lock();
+  if (stream != nullptr && stream->running_on_this_thread()) {
     return nrt::fail(NRT_INVALID_ARGUMENT,
                      "nrt_event_synchronize was called from a task of the stream the event "
                      "waits for; it would wait for itself forever");
@@ -112,7 +113,11 @@ extern "C" nrt_status nrt_stream_wait_event(int device, int stream, nrt_event_t 
   std::shared_ptr<nrt::Stream> s;
   if (nrt_status status = nrt::lookup_stream(device, stream, &s)) return status;
   std::lock_guard<std::mutex> lock(state->mutex);
-  if (state->recorded && !state->done) s->add_wait(state->stream, state->target);
+  if (state->recorded && !state->done) {
+    if (std::shared_ptr<nrt::Stream> source = state->stream.lock()) {
+      s->add_wait(std::move(source), state->target);
+    }
+  }
   return NRT_SUCCESS;
 }
 

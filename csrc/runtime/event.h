@@ -22,7 +22,9 @@ struct EventState {
   uint64_t generation = 0;  // bumped by each record, so a stale completion is ignored
   bool recorded = false;
   bool done = false;
-  std::shared_ptr<Stream> stream;
+  // Weak: the completion callback holding this state runs on the stream's own worker, which
+  // must never drop the last reference to its stream (its destructor joins the worker).
+  std::weak_ptr<Stream> stream;
   uint64_t target = 0;  // the stream's launched count when recorded
   std::chrono::steady_clock::time_point time;
 };

@@ -54,7 +54,10 @@ void Stream::enqueue(std::function<void()> task) {
 }
 
 void Stream::run_task(Task& task) {
-  for (const auto& wait : task.waits) wait.first->wait_reached(wait.second);
+  for (const auto& wait : task.waits) {
+    // A stream that is gone was synchronized before it went (nrt_reset_for_testing).
+    if (std::shared_ptr<Stream> source = wait.first.lock()) source->wait_reached(wait.second);
+  }
   t_running.push_back(this);
   struct Finish {  // completes the task even if it throws, so waiters are never stranded
     Stream* stream;

@@ -50,7 +50,8 @@ class Stream {
   bool running_on_this_thread() const;
 
  private:
-  using Waits = std::vector<std::pair<std::shared_ptr<Stream>, uint64_t>>;
+  // Weak for the reason EventState::stream is: a worker must not destroy a stream.
+  using Waits = std::vector<std::pair<std::weak_ptr<Stream>, uint64_t>>;
   struct Task {
     std::function<void()> run;
     Waits waits;  // stream positions to reach before running
