@@ -18,6 +18,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/GradMode.h>
 #include <torch/library.h>
 
 #include <atomic>
@@ -88,6 +89,15 @@ bool native_case(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
   }
   if (!readable(q, q) || !readable(k, q) || !readable(v, q)) return false;
   if (q.size(2) > kMaxNativeQueryRows) return false;
+  // Several float32 query rows where a backward may follow (grad mode on): the CPU flash
+  // kernel's backward, fed this kernel's output and logsumexp, missed the CPU's gradients by
+  // up to 7e-5 (3.6e-4 relative) on an OpInfo sample (4x4x3x8 against 6 keys), beyond
+  // float32's default tolerance. Not understood yet (the forward matches within 1e-6);
+  // until it is, such calls keep the CPU kernel. Generation (no_grad: Hugging Face folds
+  // GQA groups into query rows), one row and bfloat16 are unaffected.
+  if (q.size(2) > 1 && q.scalar_type() == at::kFloat && c10::GradMode::is_enabled()) {
+    return false;
+  }
   const int64_t q_heads = q.size(1), kv_heads = k.size(1);
   return k.size(0) == q.size(0) && v.size(0) == q.size(0) && v.size(1) == kv_heads &&
          q_heads % kv_heads == 0 && k.size(2) == v.size(2) && k.size(3) == q.size(3) &&
