@@ -31,7 +31,10 @@ import pytest
 from conftest import clean_env, describe, run_python
 
 COMPILE_SCRIPT = """
-import sys, time, warnings
+import signal, sys, time, warnings
+# Ctrl-C raises KeyboardInterrupt as in a terminal, even where this suite was started in the
+# background by a shell without job control (its children inherit SIGINT ignored).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 import torch
 import torchneuron.compile as neuron_compile
 warnings.simplefilter("always")
