@@ -215,6 +215,36 @@ def test_every_op_launched_asynchronously_matches_the_cpu() -> None:
     assert result.stdout.split() == ["ok"]
 
 
+def test_inference_mode_generation_launched_asynchronously_matches_the_cpu() -> None:
+    # Under torch.inference_mode() the caller's results are inference tensors: the worker runs
+    # in the caller's mode, or writing them (and the static cache's in-place updates) is
+    # refused. Greedy static-cache generation, eager, every op on the worker; tokens equal.
+    code = """
+    import torch, torchneuron, transformers
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    cpu = transformers.LlamaForCausalLM(config).eval()
+    dev = transformers.LlamaForCausalLM(config).eval()
+    dev.load_state_dict(cpu.state_dict())
+    dev.to("neuron")
+    prompt = torch.randint(0, 97, (1, 6))
+    kwargs = dict(max_new_tokens=8, do_sample=False, cache_implementation="static",
+                  disable_compile=True, pad_token_id=0)
+    with torch.inference_mode():
+        want = cpu.generate(prompt, **kwargs)
+        got = dev.generate(prompt.to("neuron"), **kwargs)
+        x = torch.arange(5, device="neuron") + 3  # a wrapped number, settled into its result
+    assert torch.equal(got.cpu(), want), (got, want)
+    assert x.cpu().tolist() == [3, 4, 5, 6, 7]
+    print("ok")
+    """
+    result = run_python(code, env={"TORCHNEURON_ASYNC_MIN_BYTES": "0"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["ok"]
+
+
 def test_a_bad_threshold_is_refused_with_its_name() -> None:
     result = run_python(
         "import torch, torchneuron\ntorch.ones(3, device='neuron') + 1",

@@ -4,6 +4,7 @@
 #include <Python.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/util/Exception.h>
@@ -132,12 +133,17 @@ struct LaunchedOp {
   int threads;
   uint64_t correlation;  // the profiled op that launched it (device_activity.h), or 0
   bool grad_enabled;     // the caller's grad mode (kernels may choose by it)
+  // The caller's inference mode: the results it holds are inference tensors then, and
+  // writing them (settle) or creating tensors outside the mode would be refused.
+  bool inference_mode;
 
   void run() {
     tls_on_worker = true;
     if (current_device() != device) set_device(device);
     if (current_stream(device) != stream) exchange_stream(stream);
     if (at::get_num_threads() != threads) at::set_num_threads(threads);
+    std::optional<c10::InferenceMode> inference;
+    if (inference_mode) inference.emplace();
     const c10::AutoGradMode grad_mode(grad_enabled);
     if (correlation != 0) push_launch_correlation(correlation);
     try {
@@ -292,7 +298,8 @@ bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                                                           current_stream(device),
                                                           at::get_num_threads(),
                                                           current_launch_correlation(),
-                                                          c10::GradMode::is_enabled()});
+                                                          c10::GradMode::is_enabled(),
+                                                          c10::InferenceMode::is_enabled()});
   std::vector<c10::IValue> results;  // what the caller gets
   results.reserve(spec->results.size());
   Snapshots snapshots;

@@ -186,7 +186,7 @@ struct Bf16PairTiles {
 }  // namespace
 
 void gemm_avx512_bf16(const GemmProblem& problem, const ParallelFor& parallel) {
-  const bool gemv = problem.m <= F32Tiles::kGemvMaxRows && problem.b.row_stride == 1;
+  const bool gemv = F32Tiles::gemv_rows(problem) || F32Tiles::gemv_columns_transposed(problem);
   if (problem.dtype == GemmDtype::kBFloat16 && !gemv) {
     Bf16PairTiles::run(problem, parallel);
   } else {

@@ -4,9 +4,10 @@
 // for different instruction sets never meet at link time.
 //
 // Two paths:
-//  - GEMV (m ≤ 8 and B's k index contiguous, i.e. the forward X·Wᵀ of decode): streams each
-//    weight row once, converting bf16 to float32 in registers, with the m activation rows
-//    held in cache; memory-bound, so the point is to read W exactly once at full bandwidth.
+//  - GEMV (m ≤ 8 and B's k index contiguous, i.e. the forward X·Wᵀ of decode; or n ≤ 8 and
+//    A's k index contiguous, computed transposed): streams each weight row once, converting
+//    bf16 to float32 in registers, with the m activation rows held in cache; memory-bound, so
+//    the point is to read W exactly once at full bandwidth.
 //  - Packed GEMM (everything else): Goto-style blocking. An output tile of MC × NC rows and
 //    columns is one task; per KC slice of k, A and B are copied (and converted to float32)
 //    into MR-row and NR-column panels and an MR × NR register-blocked FMA kernel accumulates
@@ -338,10 +339,20 @@ struct GemmTiles {
     return t;
   }
 
+  static bool gemv_rows(const GemmProblem& p) { return p.m <= kGemvMaxRows && p.b.row_stride == 1; }
+
+  // Few columns, e.g. W·x with x one column: Cᵀ = xᵀ·Wᵀ is a GEMV streaming W's rows.
+  // Packed, the NR-wide panels would waste NR - n of every NR products.
+  static bool gemv_columns_transposed(const GemmProblem& p) {
+    return !gemv_rows(p) && p.n <= kGemvMaxRows && p.n < p.m && p.a.col_stride == 1;
+  }
+
   template <class E>
   static void run_typed(const GemmProblem& p, const ParallelFor& par) {
-    if (p.m <= kGemvMaxRows && p.b.row_stride == 1) {
+    if (gemv_rows(p)) {
       gemv<E>(p, par);
+    } else if (gemv_columns_transposed(p)) {
+      gemv<E>(transposed(p), par);
     } else {
       packed<E>(p, par);
     }
