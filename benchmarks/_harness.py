@@ -122,11 +122,16 @@ def print_table(table: Table, markdown: bool) -> None:
 
 
 def host_banner() -> str:
-    """One line naming torch, the host and its load, printed at the top of every run."""
+    """One line naming torch, the host (CPU model, the ISA of PyTorch's and of our kernels)
+    and its load, printed at the top of every run."""
+    import torchneuron
+
+    kernels = torchneuron._C._kernel_isa()
     return (
-        f"torch {torch.__version__}, {platform.machine()}, {os.cpu_count()} cores, "
-        f"{torch.get_num_threads()} intra-op threads, "
+        f"torch {torch.__version__}, {platform.machine()} {kernels['model']!r}, "
+        f"{os.cpu_count()} cores, {torch.get_num_threads()} intra-op threads, "
         f"CPU capability {torch.backends.cpu.get_cpu_capability()}, "
+        f"native kernels {kernels['isa']}, "
         f"neuron device: {torch.neuron.get_device_name()}, "
         f"{_launch_mode()}, "
         f"load average {os.getloadavg()[0]:.2f}"
