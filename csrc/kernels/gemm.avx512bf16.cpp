@@ -2,8 +2,9 @@
 // B are packed as bf16 k-pairs (no widening), and each instruction multiplies 16 lanes × 2
 // bf16 pairs into float32 accumulators — twice the multiply-adds of a float32 FMA. The
 // instruction flushes denormals and rounds its pair sum to nearest even, so results can
-// differ from the float32-FMA path in the last bits. Float32 problems and the
-// memory-bound GEMV take the AVX-512F kernels.
+// differ from the float32-FMA path in the last bits. bf16 GEMVs take gemv_bf16_pairs (the
+// same instruction: widening bf16 to float32 made them compute-bound); float32 problems take
+// the AVX-512F kernels.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -186,11 +187,14 @@ struct Bf16PairTiles {
 }  // namespace
 
 void gemm_avx512_bf16(const GemmProblem& problem, const ParallelFor& parallel) {
-  const bool gemv = F32Tiles::gemv_rows(problem) || F32Tiles::gemv_columns_transposed(problem);
-  if (problem.dtype == GemmDtype::kBFloat16 && !gemv) {
-    Bf16PairTiles::run(problem, parallel);
-  } else {
+  if (problem.dtype != GemmDtype::kBFloat16) {
     F32Tiles::run(problem, parallel);
+  } else if (F32Tiles::gemv_rows(problem)) {
+    gemv_bf16_pairs(problem, parallel);
+  } else if (F32Tiles::gemv_columns_transposed(problem)) {
+    gemv_bf16_pairs(F32Tiles::transposed(problem), parallel);
+  } else {
+    Bf16PairTiles::run(problem, parallel);
   }
 }
 

@@ -206,38 +206,42 @@ struct GemmTiles {
            i0 * p.bias.row_stride + j0 * p.bias.col_stride;
   }
 
-  // ROWS weight rows (output columns j..j+ROWS) against MB activation rows, over all of k.
-  template <class E, int MB, int ROWS>
-  static void gemv_block(const float* x, int64_t k, const E* w, int64_t w_stride, float* dots) {
-    typename V::Reg acc[MB][ROWS];
-#pragma GCC unroll 16
-    for (int r = 0; r < MB; ++r) {
+  // One weight row (output column j) against MB activation rows, over all of k: dots[r].
+  // W is read once in memory order, a single sequential stream the hardware prefetcher
+  // follows; several rows interleaved are as many short streams, which it tracks badly (a
+  // 98 MB float32 LM head streamed at 14 GB/s that way, against 21 GB/s for a sum). U
+  // accumulators per activation row break the chain of dependent FMAs.
+  template <class E, int MB>
+  static void gemv_row(const float* x, int64_t k, const E* w, float* dots) {
+    constexpr int U = MB >= 4 ? 1 : 4 / MB;
+    typename V::Reg acc[MB][U];
 #pragma GCC unroll 8
-      for (int q = 0; q < ROWS; ++q) acc[r][q] = V::zero();
+    for (int r = 0; r < MB; ++r) {
+#pragma GCC unroll 4
+      for (int u = 0; u < U; ++u) acc[r][u] = V::zero();
     }
     int64_t kk = 0;
-    for (; kk + W <= k; kk += W) {
-      typename V::Reg wv[ROWS];
+    for (; kk + U * W <= k; kk += U * W) {
+#pragma GCC unroll 4
+      for (int u = 0; u < U; ++u) {
+        const typename V::Reg wv = V::load(w + kk + u * W);
 #pragma GCC unroll 8
-      for (int q = 0; q < ROWS; ++q) {
-        // The next ROWS rows, one block ahead: more memory requests in flight than the
-        // hardware prefetcher starts by itself on short rows.
-        __builtin_prefetch(w + (q + ROWS) * w_stride + kk);
-        wv[q] = V::load(w + q * w_stride + kk);
-      }
-#pragma GCC unroll 16
-      for (int r = 0; r < MB; ++r) {
-        const typename V::Reg xv = V::load(x + r * k + kk);
-#pragma GCC unroll 8
-        for (int q = 0; q < ROWS; ++q) acc[r][q] = V::fma(xv, wv[q], acc[r][q]);
+        for (int r = 0; r < MB; ++r) {
+          acc[r][u] = V::fma(V::load(x + r * k + kk + u * W), wv, acc[r][u]);
+        }
       }
     }
+    for (; kk + W <= k; kk += W) {
+      const typename V::Reg wv = V::load(w + kk);
+#pragma GCC unroll 8
+      for (int r = 0; r < MB; ++r) acc[r][0] = V::fma(V::load(x + r * k + kk), wv, acc[r][0]);
+    }
     for (int r = 0; r < MB; ++r) {
-      for (int q = 0; q < ROWS; ++q) {
-        float tail = 0.0f;
-        for (int64_t t = kk; t < k; ++t) tail += x[r * k + t] * to_f32(w[q * w_stride + t]);
-        dots[r * ROWS + q] = V::sum(acc[r][q]) + tail;
-      }
+      typename V::Reg sum = acc[r][0];
+      for (int u = 1; u < U; ++u) sum = V::add(sum, acc[r][u]);
+      float tail = 0.0f;
+      for (int64_t t = kk; t < k; ++t) tail += x[r * k + t] * to_f32(w[t]);
+      dots[r] = V::sum(sum) + tail;
     }
   }
 
@@ -245,23 +249,13 @@ struct GemmTiles {
   template <class E, int MB>
   static void gemv_columns(const GemmProblem& p, int64_t batch, const float* x, int64_t rows,
                            int64_t j0, int64_t j1) {
-    constexpr int kRows = MB <= 2 && V::kRegisters >= 32 ? 8 : 4;  // rows of W per pass
     const E* w = static_cast<const E*>(p.b.data) + batch * p.b.batch_stride;
     const E* bias = bias_of<E>(p, batch, 0, 0);
     E* out = static_cast<E*>(p.c) + batch * p.c_batch_stride;
-    float dots[MB * kRows];
-    int64_t j = j0;
-    for (; j + kRows <= j1; j += kRows) {
+    float dots[MB];
+    for (int64_t j = j0; j < j1; ++j) {
       for (int64_t r0 = 0; r0 < rows; r0 += MB) {
-        gemv_block<E, MB, kRows>(x + r0 * p.k, p.k, w + j * p.b.col_stride, p.b.col_stride, dots);
-        for (int64_t r = 0; r < std::min<int64_t>(MB, rows - r0); ++r) {
-          for (int q = 0; q < kRows; ++q) finish(p, bias, out, r0 + r, j + q, dots[r * kRows + q]);
-        }
-      }
-    }
-    for (; j < j1; ++j) {
-      for (int64_t r0 = 0; r0 < rows; r0 += MB) {
-        gemv_block<E, MB, 1>(x + r0 * p.k, p.k, w + j * p.b.col_stride, p.b.col_stride, dots);
+        gemv_row<E, MB>(x + r0 * p.k, p.k, w + j * p.b.col_stride, dots);
         for (int64_t r = 0; r < std::min<int64_t>(MB, rows - r0); ++r) {
           finish(p, bias, out, r0 + r, j, dots[r]);
         }
@@ -269,12 +263,17 @@ struct GemmTiles {
     }
   }
 
-  template <class E>
-  static void gemv(const GemmProblem& p, const ParallelFor& par) {
-    // Column chunks: a few per thread so uneven threads even out, each a multiple of 4 rows of W.
+  // A GEMV's output columns per task: a few tasks per thread so uneven threads even out,
+  // each a multiple of 8 rows of W.
+  static int64_t gemv_chunk(const GemmProblem& p, const ParallelFor& par) {
     const int64_t chunks_per_batch =
         std::max<int64_t>(1, std::min<int64_t>((p.n + 63) / 64, int64_t{par.threads} * 4));
-    const int64_t chunk = round_up((p.n + chunks_per_batch - 1) / chunks_per_batch, 8);
+    return round_up((p.n + chunks_per_batch - 1) / chunks_per_batch, 8);
+  }
+
+  template <class E>
+  static void gemv(const GemmProblem& p, const ParallelFor& par) {
+    const int64_t chunk = gemv_chunk(p, par);
     const int64_t per_batch = (p.n + chunk - 1) / chunk;
     par.run(p.batch * per_batch, [&](int64_t begin, int64_t end) {
       static thread_local std::vector<float> x;
@@ -282,7 +281,7 @@ struct GemmTiles {
       for (int64_t t = begin; t < end; ++t) {
         const int64_t batch = t / per_batch, j0 = (t % per_batch) * chunk;
         if (batch != packed_batch) {               // the activation rows, float32 and contiguous
-          x.assign(round_up(p.m, 4) * p.k, 0.0f);  // zero rows pad the last MB chunk
+          x.assign(round_up(p.m, 8) * p.k, 0.0f);  // zero rows pad the last MB chunk
           const E* a = static_cast<const E*>(p.a.data) + batch * p.a.batch_stride;
           for (int64_t i = 0; i < p.m; ++i) {
             for (int64_t kk = 0; kk < p.k; ++kk) {
@@ -292,7 +291,9 @@ struct GemmTiles {
           packed_batch = batch;
         }
         const int64_t j1 = std::min(p.n, j0 + chunk);
-        if (p.m >= 3 && V::kRegisters >= 32) {
+        if (p.m >= 5) {
+          gemv_columns<E, 8>(p, batch, x.data(), p.m, j0, j1);
+        } else if (p.m >= 3) {
           gemv_columns<E, 4>(p, batch, x.data(), p.m, j0, j1);
         } else if (p.m >= 2) {
           gemv_columns<E, 2>(p, batch, x.data(), p.m, j0, j1);

@@ -142,10 +142,10 @@ void run_case(const Case& c, nk::GemmDtype dtype, nk::IsaLevel level, const nk::
 
 std::vector<Case> cases() {
   std::vector<Case> out;
-  const int64_t shapes[][3] = {{1, 1, 1},    {1, 37, 19},  {1, 64, 768},  {2, 33, 17},
-                               {3, 5, 40},   {4, 130, 33}, {8, 9, 600},   {9, 71, 300},
-                               {17, 3, 257}, {67, 45, 31}, {40, 96, 70},  {130, 290, 270},
-                               {5, 0, 3},    {6, 7, 0},    {64, 1, 1024}, {70, 3, 90}};
+  const int64_t shapes[][3] = {
+      {1, 1, 1},   {1, 37, 19},  {1, 64, 768},  {2, 33, 17},  {3, 5, 40},   {4, 130, 33},
+      {8, 9, 600}, {9, 71, 300}, {17, 3, 257},  {67, 45, 31}, {40, 96, 70}, {130, 290, 270},
+      {5, 0, 3},   {6, 7, 0},    {64, 1, 1024}, {70, 3, 90},  {6, 20, 45}};
   for (const auto& s : shapes) {
     for (Layout al : {Layout::kRowMajor, Layout::kTransposed}) {
       for (Layout bl : {Layout::kRowMajor, Layout::kTransposed}) {
