@@ -18,8 +18,16 @@ from torchneuron.native_gemm import native_gemm_calls, native_gemm_preferred, na
 DEV = "neuron"
 DTYPES = (torch.float32, torch.bfloat16)
 # (m, n, k): decode GEMV, odd sizes, k not a multiple of any vector width, a packed GEMM
-# spanning several K and N blocks.
-SHAPES = ((1, 37, 19), (1, 300, 770), (3, 5, 40), (8, 65, 33), (9, 71, 300), (130, 290, 270))
+# spanning several K and N blocks, few columns (W·x: a GEMV computed transposed).
+SHAPES = (
+    (1, 37, 19),
+    (1, 300, 770),
+    (3, 5, 40),
+    (8, 65, 33),
+    (9, 71, 300),
+    (130, 290, 270),
+    (70, 3, 90),
+)
 
 
 def tolerances(dtype: torch.dtype, k: int) -> dict[str, float]:
@@ -33,10 +41,10 @@ def close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, k: int) -> 
     torch.testing.assert_close(got.cpu(), want, **tolerances(dtype, k))
 
 
-def takes(dtype: torch.dtype, rows: int) -> int:
-    """1 if a product with `rows` output rows runs the native GEMM on this host, else 0: bf16
-    products above decode sizes go to oneDNN on hosts with native bf16 (gemm_preferred)."""
-    return int(native_gemm_preferred(dtype, rows))
+def takes(dtype: torch.dtype, rows: int, columns: int) -> int:
+    """1 if a product of `rows` × `columns` outputs runs the native GEMM on this host, else 0:
+    bf16 products beyond GEMV sizes go to oneDNN on hosts with native bf16 (gemm_preferred)."""
+    return int(native_gemm_preferred(dtype, rows, columns))
 
 
 def counted(expected_native: int):
@@ -60,7 +68,7 @@ def test_linear_transposes_match_cpu(dtype: torch.dtype, shape: tuple[int, int, 
     m, n, k = shape
     x, w, dy = torch.randn(m, k).to(dtype), torch.randn(n, k).to(dtype), torch.randn(m, n).to(dtype)
     xd, wd, dyd = x.to(DEV), w.to(DEV), dy.to(DEV)
-    with counted(2 * takes(dtype, m) + takes(dtype, n)):
+    with counted(takes(dtype, m, n) + takes(dtype, m, k) + takes(dtype, n, k)):
         forward = xd @ wd.t()  # Y = X·Wᵀ
         grad_input = dyd @ wd  # dY·W
         grad_weight = dyd.t() @ xd  # dYᵀ·X
@@ -76,7 +84,7 @@ def test_addmm_bias_forms_and_scalars(dtype: torch.dtype) -> None:
     for bias in (torch.randn(n), torch.randn(m, n), torch.randn(m, 1), torch.randn(1, n)):
         bias = bias.to(dtype)
         for beta, alpha in ((1, 1), (0.5, -2.0), (0, 1)):
-            with counted(takes(dtype, m)):
+            with counted(takes(dtype, m, n)):
                 got = torch.addmm(bias.to(DEV), a.to(DEV), b.to(DEV), beta=beta, alpha=alpha)
             close(got, torch.addmm(bias, a, b, beta=beta, alpha=alpha), dtype, k)
     # beta=0 ignores the bias entirely, NaNs included, as on the CPU.
@@ -88,7 +96,7 @@ def test_addmm_bias_forms_and_scalars(dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_bmm_and_strided_views(dtype: torch.dtype) -> None:
     a, b = torch.randn(3, 17, 40).to(dtype), torch.randn(3, 33, 40).to(dtype)
-    with counted(takes(dtype, 17) + takes(dtype, 9)):
+    with counted(takes(dtype, 17, 33) + takes(dtype, 9, 33)):
         got = torch.bmm(a.to(DEV), b.to(DEV).transpose(1, 2))
         # A column slice: row stride wider than k.
         sliced = torch.randn(9, 80).to(dtype)
@@ -98,14 +106,16 @@ def test_bmm_and_strided_views(dtype: torch.dtype) -> None:
 
 
 def test_preference_policy() -> None:
-    # Decode sizes and float32 always take the native GEMM; bf16 above decode sizes only on
-    # hosts without native bf16 (the policy benchmarks/gemm.py measured).
+    # GEMVs (few rows or few columns) and float32 always take the native GEMM; bf16 beyond
+    # GEMV sizes only on hosts without native bf16 (the policy benchmarks/gemm.py measured).
     isa = torchneuron._C._kernel_isa()["isa"]
     on = native_kernels_enabled()
-    assert native_gemm_preferred(torch.float32, 4096) == on
-    assert native_gemm_preferred(torch.bfloat16, 8) == on
-    assert native_gemm_preferred(torch.bfloat16, 64) == (on and isa in ("scalar", "avx2", "avx512"))
-    assert not native_gemm_preferred(torch.float16, 1)
+    assert native_gemm_preferred(torch.float32, 4096, 4096) == on
+    assert native_gemm_preferred(torch.bfloat16, 8, 4096) == on
+    assert native_gemm_preferred(torch.bfloat16, 4096, 8) == on
+    no_native_bf16 = isa in ("scalar", "avx2", "avx512")
+    assert native_gemm_preferred(torch.bfloat16, 64, 64) == (on and no_native_bf16)
+    assert not native_gemm_preferred(torch.float16, 1, 1)
 
 
 def test_ops_are_counted_under_their_names() -> None:

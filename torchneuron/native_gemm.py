@@ -23,10 +23,10 @@ def native_kernels_enabled() -> bool:
     return bool(_C._native_kernels_enabled())
 
 
-def native_gemm_preferred(dtype: torch.dtype, rows: int) -> bool:
-    """Whether a product of ``rows`` output rows in ``dtype`` runs the native GEMM here (else
+def native_gemm_preferred(dtype: torch.dtype, rows: int, columns: int) -> bool:
+    """Whether a ``rows`` × ``columns`` product in ``dtype`` runs the native GEMM here (else
     PyTorch's CPU kernel, oneDNN: see gemm_preferred in csrc/kernels/gemm.h)."""
-    return bool(torch.ops.torchneuron.native_gemm_preferred(dtype, rows))
+    return bool(torch.ops.torchneuron.native_gemm_preferred(dtype, rows, columns))
 
 
 def native_gemm_calls() -> int:
@@ -77,7 +77,7 @@ def use_native_gemm(gm: torch.fx.GraphModule) -> int:
         value = node.meta.get("val")
         if not isinstance(value, torch.Tensor) or value.dtype not in _NATIVE_DTYPES:
             continue
-        if not native_gemm_preferred(value.dtype, int(value.shape[-2])):
+        if not native_gemm_preferred(value.dtype, int(value.shape[-2]), int(value.shape[-1])):
             continue
         node.target = replacements[node.target]
         replaced += 1

@@ -98,7 +98,9 @@ std::optional<std::vector<int64_t>> native_shape(const at::Tensor& a, const at::
     return {};
   }
   if (a.size(-1) != b.size(-2) || (dim == 3 && a.size(0) != b.size(0))) return {};
-  if (!nk::gemm_preferred(*gemm_dtype(a.scalar_type()), a.size(-2), nk::isa_level())) return {};
+  if (!nk::gemm_preferred(*gemm_dtype(a.scalar_type()), a.size(-2), b.size(-1), nk::isa_level())) {
+    return {};
+  }
   if (dim == 3) return std::vector<int64_t>{a.size(0), a.size(1), b.size(2)};
   return std::vector<int64_t>{a.size(0), b.size(1)};
 }
@@ -250,11 +252,11 @@ TORCH_LIBRARY_FRAGMENT(torchneuron, m) {
     wait_for_device_work();  // count launched products too
     return native_gemm_calls.load();
   });
-  // Whether a product of this dtype and row count takes the native GEMM (else oneDNN).
-  m.def("native_gemm_preferred(ScalarType dtype, int m) -> bool", [](c10::ScalarType dtype,
-                                                                     int64_t m) {
+  // Whether a product of this dtype, rows and columns takes the native GEMM (else oneDNN).
+  m.def("native_gemm_preferred(ScalarType dtype, int m, int n) -> bool", [](c10::ScalarType dtype,
+                                                                            int64_t m, int64_t n) {
     const auto native = gemm_dtype(dtype);
-    return native_kernels_enabled() && native && nk::gemm_preferred(*native, m, nk::isa_level());
+    return native_kernels_enabled() && native && nk::gemm_preferred(*native, m, n, nk::isa_level());
   });
   // One core's measured multiply-add peak (flop/s) at the kernels' ISA (benchmarks/gemm.py).
   m.def("fma_peak_flops(bool bf16, int iterations) -> float", [](bool bf16, int64_t iterations) {

@@ -87,8 +87,8 @@ void gemm(const GemmProblem& problem, const ParallelFor& parallel, IsaLevel leve
   }
 }
 
-bool gemm_preferred(GemmDtype dtype, int64_t m, IsaLevel level) {
-  if (dtype != GemmDtype::kBFloat16 || m <= 8) return true;
+bool gemm_preferred(GemmDtype dtype, int64_t m, int64_t n, IsaLevel level) {
+  if (dtype != GemmDtype::kBFloat16 || m <= 8 || n <= 8) return true;
   return std::min(level, host_best()) < IsaLevel::kAvx512Bf16;
 }
 

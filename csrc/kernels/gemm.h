@@ -60,11 +60,12 @@ void gemm(const GemmProblem& problem, const ParallelFor& parallel, IsaLevel leve
 void gemm(const GemmProblem& problem, const ParallelFor& parallel);
 
 // Whether gemm() is the better choice than oneDNN (PyTorch's CPU kernel) for a product of
-// m rows, from benchmarks/gemm.py on this project's hosts: at AVX512-BF16 and above,
-// oneDNN's bf16 GEMM (vdpbf16ps or AMX) reaches 70-85% of peak where ours reaches 40-65%,
-// so bf16 with m > 8 goes to oneDNN there; decode sizes (m <= 8), float32, and bf16 on
-// hosts without native bf16 (where PyTorch's CPU bf16 GEMM is far below float32) are ours.
-bool gemm_preferred(GemmDtype dtype, int64_t m, IsaLevel level);
+// m rows and n columns, from benchmarks/gemm.py on this project's hosts: at AVX512-BF16 and
+// above, oneDNN's bf16 GEMM (vdpbf16ps or AMX) reaches 70-85% of peak where ours reaches
+// 40-65%, so bf16 with m > 8 and n > 8 goes to oneDNN there; GEMVs (m <= 8 or n <= 8: ours
+// stream the weights at 2-3x oneDNN's rate), float32, and bf16 on hosts without native bf16
+// (where PyTorch's CPU bf16 GEMM is far below float32) are ours.
+bool gemm_preferred(GemmDtype dtype, int64_t m, int64_t n, IsaLevel level);
 
 // float → bfloat16 bits, round to nearest even; NaN → 0x7FC0 (as c10::BFloat16 does).
 inline uint16_t float_to_bf16_rne(float value) {

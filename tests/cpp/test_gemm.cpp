@@ -208,8 +208,9 @@ TEST(Gemm, PreferenceFollowsTheHostsBf16Support) {
   using nk::GemmDtype;
   using nk::IsaLevel;
   for (IsaLevel level : host_levels()) {
-    EXPECT_TRUE(nk::gemm_preferred(GemmDtype::kFloat32, 4096, level));
-    EXPECT_TRUE(nk::gemm_preferred(GemmDtype::kBFloat16, 8, level));
-    EXPECT_EQ(nk::gemm_preferred(GemmDtype::kBFloat16, 9, level), level < IsaLevel::kAvx512Bf16);
+    EXPECT_TRUE(nk::gemm_preferred(GemmDtype::kFloat32, 4096, 4096, level));
+    EXPECT_TRUE(nk::gemm_preferred(GemmDtype::kBFloat16, 8, 4096, level));
+    EXPECT_TRUE(nk::gemm_preferred(GemmDtype::kBFloat16, 4096, 8, level));  // W·x: a GEMV
+    EXPECT_EQ(nk::gemm_preferred(GemmDtype::kBFloat16, 9, 9, level), level < IsaLevel::kAvx512Bf16);
   }
 }
