@@ -53,11 +53,13 @@ def interleaved(
     devices = list(fns)
     for _ in range(warmup):
         for device in devices:
+            use_threads(device)
             time_block(fns[device], iterations, device)
     samples: dict[str, list[float]] = {device: [] for device in devices}
     for r in range(rounds):
         order = devices if r % 2 == 0 else devices[::-1]
         for device in order:
+            use_threads(device)
             samples[device].append(time_block(fns[device], iterations, device))
     return {device: statistics.median(values) for device, values in samples.items()}
 
@@ -83,6 +85,17 @@ def set_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
+# Intra-op threads per side ("cpu", "neuron"), from --threads and --cpu-threads.
+_THREADS: dict[str, int] = {}
+
+
+def use_threads(label: str) -> None:
+    """Sets the intra-op threads of the side that `label` ("cpu..." or "neuron...") runs."""
+    threads = _THREADS.get("neuron" if label.startswith("neuron") else "cpu", 0)
+    if threads > 0 and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
 def parse_and_start(description: str, quick_help: str, argv: list[str] | None) -> Any:
     """The options every device benchmark takes (--quick, --markdown, --threads): parses them,
     sets the threads, prints the host banner. None (after saying why) without a device."""
@@ -92,8 +105,19 @@ def parse_and_start(description: str, quick_help: str, argv: list[str] | None) -
     parser.add_argument(
         "--threads", type=int, default=1, help="intra-op threads (default 1; 0: torch's default)"
     )
+    parser.add_argument(
+        "--cpu-threads",
+        type=int,
+        default=None,
+        help="intra-op threads of the CPU eager side only (default: --threads). With "
+        "asynchronous launches neuron's stream worker is a second busy thread, so "
+        "--threads 1 --cpu-threads 2 compares equal core budgets on 2 cores",
+    )
     args = parser.parse_args(argv)
+    if args.cpu_threads is None:
+        args.cpu_threads = args.threads
     set_threads(args.threads)
+    _THREADS.update(cpu=args.cpu_threads, neuron=args.threads)
     if not torch.neuron.is_available():
         print("no neuron device available", file=sys.stderr)
         return None
@@ -129,13 +153,20 @@ def host_banner() -> str:
     kernels = torchneuron._C._kernel_isa()
     return (
         f"torch {torch.__version__}, {platform.machine()} {kernels['model']!r}, "
-        f"{os.cpu_count()} cores, {torch.get_num_threads()} intra-op threads, "
+        f"{os.cpu_count()} cores, {_threads_text()}, "
         f"CPU capability {torch.backends.cpu.get_cpu_capability()}, "
         f"native kernels {kernels['isa']}, "
         f"neuron device: {torch.neuron.get_device_name()}, "
         f"{_launch_mode()}, "
         f"load average {os.getloadavg()[0]:.2f}"
     )
+
+
+def _threads_text() -> str:
+    cpu, neuron = _THREADS.get("cpu", 0), _THREADS.get("neuron", 0)
+    if cpu and neuron and cpu != neuron:
+        return f"intra-op threads: CPU eager {cpu}, neuron {neuron}"
+    return f"{torch.get_num_threads()} intra-op threads"
 
 
 def _launch_mode() -> str:

@@ -24,6 +24,8 @@ measured in the same run (a streaming sum over 512 MiB at the same thread count,
     python benchmarks/hf_generate.py             # batch 1 and 8, float32 and bfloat16
     python benchmarks/hf_generate.py --quick     # batch 1 only, fewer rounds
     python benchmarks/hf_generate.py --markdown  # also print the table as Markdown
+    python benchmarks/hf_generate.py --quick --cpu-threads 2  # equal core budgets (2 cores):
+        # neuron's calling thread + its stream worker vs CPU eager on 2 intra-op threads
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from _harness import (
     parse_and_start,
     print_table,
     sync,
+    use_threads,
 )
 
 TARGET = 1.0  # neuron tok/s / CPU tok/s, at least
@@ -91,6 +94,7 @@ def generate_once(model: torch.nn.Module, ids: torch.Tensor, device: str) -> Tim
     from transformers import LogitsProcessorList
 
     clock = TokenClock(device)
+    use_threads(device)
     sync(device)
     start = time.perf_counter()
     out = model.generate(
