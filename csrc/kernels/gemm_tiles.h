@@ -263,6 +263,11 @@ struct GemmTiles {
     }
   }
 
+  // Activation rows per GEMV pass for m rows (the padded rows of the last pass are zero).
+  static constexpr int64_t gemv_rows_per_pass(int64_t m) {
+    return m >= 5 ? 8 : m >= 3 ? 4 : m == 2 ? 2 : 1;
+  }
+
   // A GEMV's output columns per task: a few tasks per thread so uneven threads even out,
   // each a multiple of 8 rows of W.
   static int64_t gemv_chunk(const GemmProblem& p, const ParallelFor& par) {
@@ -280,8 +285,10 @@ struct GemmTiles {
       int64_t packed_batch = -1;
       for (int64_t t = begin; t < end; ++t) {
         const int64_t batch = t / per_batch, j0 = (t % per_batch) * chunk;
-        if (batch != packed_batch) {               // the activation rows, float32 and contiguous
-          x.assign(round_up(p.m, 8) * p.k, 0.0f);  // zero rows pad the last MB chunk
+        if (batch != packed_batch) {  // the activation rows, float32 and contiguous
+          // Zero rows pad the last pass (only those need clearing: the rest is written).
+          x.resize(round_up(p.m, gemv_rows_per_pass(p.m)) * p.k);
+          std::fill(x.begin() + p.m * p.k, x.end(), 0.0f);
           const E* a = static_cast<const E*>(p.a.data) + batch * p.a.batch_stride;
           for (int64_t i = 0; i < p.m; ++i) {
             for (int64_t kk = 0; kk < p.k; ++kk) {

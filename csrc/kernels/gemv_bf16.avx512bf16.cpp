@@ -88,8 +88,8 @@ void gemv_bf16_pairs(const GemmProblem& p, const ParallelFor& par) {
     int64_t packed_batch = -1;
     for (int64_t t = begin; t < end; ++t) {
       const int64_t batch = t / per_batch, j0 = (t % per_batch) * chunk;
-      if (batch != packed_batch) {  // the activation rows, contiguous, zero-padded to kp and 8 rows
-        x.assign(round_up(p.m, 8) * kp, 0);
+      if (batch != packed_batch) {  // the activation rows, contiguous, zero-padded to kp and passes
+        x.assign(round_up(p.m, F32Tiles::gemv_rows_per_pass(p.m)) * kp, 0);
         const auto* a = static_cast<const uint16_t*>(p.a.data) + batch * p.a.batch_stride;
         for (int64_t i = 0; i < p.m; ++i) {
           for (int64_t kk = 0; kk < p.k; ++kk) {
