@@ -320,3 +320,69 @@ def test_hugging_face_static_cache_generation_matches_cpu() -> None:
     # 7 decode steps × 2 layers took the native kernel (the prefill step did not: 7 rows
     # would qualify, so only count a lower bound)
     assert runs() - before >= 14 * int(NATIVE)
+
+
+# --- compiled graphs (torchneuron/native_attention.py) ---------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_compiled_decode_attention_runs_the_native_kernel(dtype: torch.dtype) -> None:
+    # backend="neuron" graphs run on host aliases; their CPU flash attention node becomes
+    # torchneuron::native_sdpa_decode, which counts as a native run (the CPU kernel does not).
+    torch._dynamo.reset()
+    q, k = rand(2, 4, 1, 16, seed=50, dtype=dtype), rand(2, 4, 20, 16, seed=51, dtype=dtype)
+    v = rand(2, 4, 20, 16, seed=52, dtype=dtype)
+    mask = cache_mask(2, 20, [13, 20], dtype)
+
+    def attend(q, k, v, mask):  # noqa: ANN001, ANN202
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask) * 2
+
+    compiled = torch.compile(attend, backend="neuron")
+    compiled(*dev(q, k, v, mask))  # compiles
+    before = runs()
+    got = compiled(*dev(q, k, v, mask))
+    assert runs() - before == int(NATIVE)
+    check_output(got / 2, q, k, v, mask)
+
+
+def test_compiled_float32_rows_feeding_a_backward_keep_the_cpu_kernel() -> None:
+    # Several float32 query rows whose logsumexp a backward reads: left to the CPU kernel, as
+    # in eager; gradients match the CPU's.
+    torch._dynamo.reset()
+    q, k, v = rand(2, 4, 3, 8, seed=53), rand(2, 4, 6, 8, seed=54), rand(2, 4, 6, 8, seed=55)
+
+    def loss(q, k, v):  # noqa: ANN001, ANN202
+        return F.scaled_dot_product_attention(q, k, v).square().sum()
+
+    grads = []
+    for device, fn in (("cpu", loss), ("neuron", torch.compile(loss, backend="neuron"))):
+        inputs = [t.detach().to(device).requires_grad_() for t in (q, k, v)]
+        before = runs()
+        fn(*inputs).backward()
+        if device == "neuron":
+            assert runs() == before
+        grads.append([t.grad.cpu() for t in inputs])
+    for got, want in zip(grads[1], grads[0], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_static_cache_generation_matches_cpu() -> None:
+    # What Transformers does by default on neuron with a static cache: it compiles the decode
+    # step (backend "neuron"). The same tokens as CPU eager; the compiled decode steps' attention
+    # took the native kernel.
+    torch._dynamo.reset()
+    model = tiny_llama(hidden_size=64, intermediate_size=128).eval()
+    ids = torch.randint(3, 64, (1, 7), generator=torch.Generator().manual_seed(56))
+    kwargs = {
+        "max_new_tokens": 8,
+        "min_new_tokens": 8,
+        "do_sample": False,
+        "cache_implementation": "static",
+    }
+    with torch.no_grad():
+        expected = model.generate(ids, disable_compile=True, **kwargs)
+        model.to("neuron")
+        before = runs()
+        got = model.generate(ids.to("neuron"), **kwargs)
+    assert got.cpu().tolist() == expected.tolist()
+    assert runs() - before >= 14 * int(NATIVE)  # 7 decode steps × 2 layers

@@ -49,18 +49,28 @@ std::optional<nk::AttentionDtype> attention_dtype(at::ScalarType type) {
   return std::nullopt;
 }
 
-// A 4-D strided device tensor of `like`'s device and dtype with a contiguous last dim.
-bool readable(const at::Tensor& t, const at::Tensor& like) {
-  return is_device_tensor(t) && t.device() == like.device() &&
-         t.scalar_type() == like.scalar_type() && t.dim() == 4 && t.layout() == at::kStrided &&
-         !t.is_conj() && !t.is_neg() && t.stride(3) == 1 && t.numel() > 0;
+// Where the kernel reads its tensors: neuron device memory (eager), or host memory (the
+// torchneuron::native_sdpa_decode op of compiled graphs, which run over host aliases).
+enum class Memory { kDevice, kHost };
+
+bool in_memory(const at::Tensor& t, const at::Tensor& like, Memory memory) {
+  if (memory == Memory::kHost) return t.device().is_cpu();
+  return is_device_tensor(t) && t.device() == like.device();
+}
+
+// A 4-D strided tensor of `like`'s memory and dtype with a contiguous last dim.
+bool readable(const at::Tensor& t, const at::Tensor& like, Memory memory) {
+  return in_memory(t, like, memory) && t.scalar_type() == like.scalar_type() && t.dim() == 4 &&
+         t.layout() == at::kStrided && !t.is_conj() && !t.is_neg() && t.stride(3) == 1 &&
+         t.numel() > 0;
 }
 
 // The mask as the kernel reads it (batch, head, row, key strides, 0 where broadcast), or
 // nullopt where the CPU kernel takes over (its dtype and shape rules, its errors).
-std::optional<at::Tensor> native_mask(const at::Tensor& mask, const at::Tensor& q, int64_t kv_len) {
-  if (!is_device_tensor(mask) || mask.device() != q.device() || mask.layout() != at::kStrided ||
-      mask.is_conj() || mask.is_neg() || mask.numel() == 0) {
+std::optional<at::Tensor> native_mask(const at::Tensor& mask, const at::Tensor& q, int64_t kv_len,
+                                      Memory memory) {
+  if (!in_memory(mask, q, memory) || mask.layout() != at::kStrided || mask.is_conj() ||
+      mask.is_neg() || mask.numel() == 0) {
     return std::nullopt;
   }
   if (mask.scalar_type() != at::kFloat && mask.scalar_type() != q.scalar_type()) {
@@ -82,12 +92,12 @@ std::optional<at::Tensor> native_mask(const at::Tensor& mask, const at::Tensor& 
 }
 
 bool native_case(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double dropout_p,
-                 bool is_causal) {
+                 bool is_causal, Memory memory) {
   if (!native_kernels_enabled() || !attention_dtype(q.scalar_type()) || dropout_p != 0.0 ||
       is_causal) {
     return false;
   }
-  if (!readable(q, q) || !readable(k, q) || !readable(v, q)) return false;
+  if (!readable(q, q, memory) || !readable(k, q, memory) || !readable(v, q, memory)) return false;
   if (q.size(2) > kMaxNativeQueryRows) return false;
   // Several float32 query rows where a backward may follow (grad mode on): the CPU flash
   // kernel's backward, fed this kernel's output and logsumexp, missed the CPU's gradients by
@@ -116,37 +126,29 @@ nk::ParallelFor aten_parallel(int64_t work) {
   return par;
 }
 
-std::tuple<at::Tensor, at::Tensor> flash_attention(const at::Tensor& query, const at::Tensor& key,
-                                                   const at::Tensor& value, double dropout_p,
-                                                   bool is_causal,
-                                                   const std::optional<at::Tensor>& attn_mask,
-                                                   std::optional<double> scale) {
-  const c10::DeviceIndex device = first_device(query, key, value);
-  if (device >= 0 && async_candidate(tensor_bytes(query, key, value, attn_mask))) {
-    static const c10::OperatorHandle handle =
-        c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
-    if (auto results =
-            launch_async_unboxed<const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
-                                 bool, const std::optional<at::Tensor>&, std::optional<double>>(
-                handle, device, query, key, value, dropout_p, is_causal, attn_mask, scale)) {
-      return {std::move((*results)[0]).toTensor(), std::move((*results)[1]).toTensor()};
-    }
-  }
-  wait_for_device_work();
-  static OpCounter& executed = op_counter_named(Op::name);
-  static std::atomic<uint64_t>& runs = native_kernel_counter(Op::name);
+// Whether the native kernel takes a call, and the mask as it reads it.
+struct NativeInputs {
+  bool native = false;
   std::optional<at::Tensor> mask;
-  bool native = native_case(query, key, value, dropout_p, is_causal);
-  if (native && attn_mask.has_value() && attn_mask->defined()) {
-    mask = native_mask(*attn_mask, query, key.size(2));
-    native = mask.has_value();
+};
+
+NativeInputs native_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           double dropout_p, bool is_causal,
+                           const std::optional<at::Tensor>& attn_mask, Memory memory) {
+  NativeInputs in;
+  in.native = native_case(q, k, v, dropout_p, is_causal, memory);
+  if (in.native && attn_mask.has_value() && attn_mask->defined()) {
+    in.mask = native_mask(*attn_mask, q, k.size(2), memory);
+    in.native = in.mask.has_value();
   }
-  if (!native) {
-    return at::native::call_fallback_fn<&run_on_host_kernels_boxed, Op>::call(
-        query, key, value, dropout_p, is_causal, attn_mask, scale);
-  }
-  const c10::DeviceGuard guard(query.device());
-  const DeviceActivitySpan span(DeviceActivityKind::kKernel, Op::name, query.device().index());
+  return in;
+}
+
+// The native kernel's output and logsumexp, laid out as the CPU kernel's.
+std::tuple<at::Tensor, at::Tensor> run_native(const at::Tensor& query, const at::Tensor& key,
+                                              const at::Tensor& value,
+                                              const std::optional<at::Tensor>& mask,
+                                              std::optional<double> scale) {
   const int64_t batch = query.size(0), heads = query.size(1), rows = query.size(2);
   at::Tensor out = at::empty_like(query);
   at::Tensor lse =
@@ -181,15 +183,77 @@ std::tuple<at::Tensor, at::Tensor> flash_attention(const at::Tensor& query, cons
   p.scale = static_cast<float>(
       scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(p.head_dim)));
   nk::sdpa_decode(p, aten_parallel(batch * heads * rows * p.kv_len * p.head_dim));
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor> flash_attention(const at::Tensor& query, const at::Tensor& key,
+                                                   const at::Tensor& value, double dropout_p,
+                                                   bool is_causal,
+                                                   const std::optional<at::Tensor>& attn_mask,
+                                                   std::optional<double> scale) {
+  const c10::DeviceIndex device = first_device(query, key, value);
+  if (device >= 0 && async_candidate(tensor_bytes(query, key, value, attn_mask))) {
+    static const c10::OperatorHandle handle =
+        c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
+    if (auto results =
+            launch_async_unboxed<const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
+                                 bool, const std::optional<at::Tensor>&, std::optional<double>>(
+                handle, device, query, key, value, dropout_p, is_causal, attn_mask, scale)) {
+      return {std::move((*results)[0]).toTensor(), std::move((*results)[1]).toTensor()};
+    }
+  }
+  wait_for_device_work();
+  static OpCounter& executed = op_counter_named(Op::name);
+  static std::atomic<uint64_t>& runs = native_kernel_counter(Op::name);
+  const NativeInputs in =
+      native_inputs(query, key, value, dropout_p, is_causal, attn_mask, Memory::kDevice);
+  if (!in.native) {
+    return at::native::call_fallback_fn<&run_on_host_kernels_boxed, Op>::call(
+        query, key, value, dropout_p, is_causal, attn_mask, scale);
+  }
+  const c10::DeviceGuard guard(query.device());
+  const DeviceActivitySpan span(DeviceActivityKind::kKernel, Op::name, query.device().index());
+  auto results = run_native(query, key, value, in.mask, scale);
   executed.executed.fetch_add(1, std::memory_order_relaxed);
   runs.fetch_add(1, std::memory_order_relaxed);
-  return {out, lse};
+  return results;
+}
+
+// torchneuron::native_sdpa_decode: the op compiled graphs call in place of
+// aten::_scaled_dot_product_flash_attention_for_cpu (torchneuron/native_attention.py), over
+// host memory; what the native kernel does not take runs the CPU kernel.
+std::tuple<at::Tensor, at::Tensor> host_sdpa_decode(const at::Tensor& query, const at::Tensor& key,
+                                                    const at::Tensor& value, double dropout_p,
+                                                    bool is_causal,
+                                                    const std::optional<at::Tensor>& attn_mask,
+                                                    std::optional<double> scale) {
+  const NativeInputs in =
+      native_inputs(query, key, value, dropout_p, is_causal, attn_mask, Memory::kHost);
+  if (!in.native) {
+    return at::_ops::_scaled_dot_product_flash_attention_for_cpu::call(query, key, value, dropout_p,
+                                                                       is_causal, attn_mask, scale);
+  }
+  static std::atomic<uint64_t>& runs = native_kernel_counter(Op::name);
+  auto results = run_native(query, key, value, in.mask, scale);
+  runs.fetch_add(1, std::memory_order_relaxed);
+  return results;
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_scaled_dot_product_flash_attention_for_cpu", TORCH_FN(flash_attention));
+}
+
+TORCH_LIBRARY_FRAGMENT(torchneuron, m) {
+  m.def(
+      "native_sdpa_decode(Tensor query, Tensor key, Tensor value, float dropout_p=0.0, "
+      "bool is_causal=False, *, Tensor? attn_mask=None, float? scale=None) -> (Tensor output, "
+      "Tensor logsumexp)");
+}
+
+TORCH_LIBRARY_IMPL(torchneuron, CPU, m) {
+  m.impl("native_sdpa_decode", TORCH_FN(host_sdpa_decode));
 }
 
 }  // namespace torchneuron

@@ -1,0 +1,78 @@
+"""The native decode attention (csrc/kernels/sdpa_decode.h) in compiled graphs.
+
+Graphs compiled by the neuron backend are Inductor CPU code run over host aliases of neuron
+memory, so their attention calls the CPU's flash kernel
+(``aten._scaled_dot_product_flash_attention_for_cpu``), which Inductor runs as an extern
+kernel. :func:`use_native_decode_attention` retargets the nodes whose queries have at most
+8 rows (a decode step against a static KV cache: the path Transformers compiles on neuron)
+to ``torchneuron::native_sdpa_decode`` (C++, csrc/aten/native_attention_decode.cpp), which
+runs the native kernel where it applies and the CPU kernel otherwise. The eager neuron op
+takes the same kernel. ``TORCHNEURON_NATIVE_KERNELS=0`` leaves graphs alone.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx
+
+from . import _C  # noqa: F401 - defines the torchneuron:: ops
+from .native_gemm import native_kernels_enabled
+
+_NATIVE_DTYPES = (torch.float32, torch.bfloat16)
+_MAX_QUERY_ROWS = 8  # as kMaxNativeQueryRows in native_attention_decode.cpp
+
+
+@torch.library.register_fake("torchneuron::native_sdpa_decode")
+def _native_sdpa_decode_fake(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    *,
+    attn_mask: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    # The CPU flash kernel's own meta: the same shapes, dtypes and strides.
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
+    )
+
+
+def _logsumexp_used(node: torch.fx.Node) -> bool:
+    return any(
+        user.op == "call_function" and user.target is operator.getitem and user.args[1] == 1
+        for user in node.users
+    )
+
+
+def use_native_decode_attention(gm: torch.fx.GraphModule) -> int:
+    """Points the graph's decode-sized CPU flash attention nodes at the native kernel; returns
+    how many."""
+    if not native_kernels_enabled():
+        return 0
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+    native = torch.ops.torchneuron.native_sdpa_decode.default
+    replaced = 0
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is not flash:
+            continue
+        query = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+        if not isinstance(query, torch.Tensor) or query.dtype not in _NATIVE_DTYPES:
+            continue
+        if query.dim() != 4 or not isinstance(query.shape[2], int):
+            continue
+        rows = query.shape[2]
+        if rows > _MAX_QUERY_ROWS:
+            continue
+        # As the eager op decides: several float32 rows whose logsumexp feeds a backward keep
+        # the CPU kernel (a backward from the native forward missed the CPU's by 7e-5 once).
+        if query.dtype == torch.float32 and rows > 1 and _logsumexp_used(node):
+            continue
+        node.target = native
+        replaced += 1
+    if replaced:
+        gm.recompile()
+    return replaced
