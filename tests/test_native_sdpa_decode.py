@@ -2,7 +2,9 @@
 
 F.scaled_dot_product_attention on neuron reaches aten::_scaled_dot_product_flash_attention_for_cpu;
 queries of up to 8 rows in float32/bfloat16 run our kernel, everything else PyTorch's CPU flash
-kernel. Every test compares with the CPU on the same inputs.
+kernel; compiled graphs (backend "neuron") reach the same kernel through
+torchneuron::native_sdpa_decode (torchneuron/native_attention.py). Every test compares with
+the CPU on the same inputs.
 
 Tolerances: float32 output rtol 1e-5, atol 1e-6 and logsumexp rtol 1e-5, atol 1e-5 (sums in
 another order; our exp is within ~1 ulp). bfloat16: our output is the float32 result rounded
