@@ -96,10 +96,18 @@ def use_threads(label: str) -> None:
         torch.set_num_threads(threads)
 
 
-def parse_and_start(description: str, quick_help: str, argv: list[str] | None) -> Any:
-    """The options every device benchmark takes (--quick, --markdown, --threads): parses them,
-    sets the threads, prints the host banner. None (after saying why) without a device."""
+def parse_and_start(
+    description: str,
+    quick_help: str,
+    argv: list[str] | None,
+    more_options: Callable[[argparse.ArgumentParser], None] | None = None,
+) -> Any:
+    """The options every device benchmark takes (--quick, --markdown, --threads), plus those
+    `more_options` adds: parses them, sets the threads, prints the host banner. None (after
+    saying why) without a device."""
     parser = argparse.ArgumentParser(description=description)
+    if more_options is not None:
+        more_options(parser)
     parser.add_argument("--quick", action="store_true", help=quick_help)
     parser.add_argument("--markdown", action="store_true", help="also print a Markdown table")
     parser.add_argument(

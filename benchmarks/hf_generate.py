@@ -1,9 +1,9 @@
-"""Prefill and decode tokens per second of a ~100M-parameter Llama on neuron against CPU eager.
+"""Prefill and decode tokens per second of a ~100M-parameter Llama on neuron against the CPU.
 
 The model is built from a config (no download) with a fixed seed; the neuron copy carries
 the CPU copy's weights. Each measurement is one greedy `generate` call with a static KV
-cache (`cache_implementation="static"`), eager on both devices (`disable_compile=True`: this
-compares eager execution; compiled generation belongs to the compile benchmark). A logits
+cache (`cache_implementation="static"`), eager on both devices by default
+(`disable_compile=True`), compiled decode steps on both with --compiled. A logits
 processor stamps the time at every generated token, so one call yields both figures:
 
     prefill tok/s = batch * prompt_len / (first token time - call start)
@@ -26,10 +26,18 @@ measured in the same run (a streaming sum over 512 MiB at the same thread count,
     python benchmarks/hf_generate.py --markdown  # also print the table as Markdown
     python benchmarks/hf_generate.py --quick --cpu-threads 2  # equal core budgets (2 cores):
         # neuron's calling thread + its stream worker vs CPU eager on 2 intra-op threads
+    python benchmarks/hf_generate.py --quick --compiled  # compiled decode steps on both
+
+With --compiled, decode steps are compiled as Transformers does by default on neuron (a
+static cache makes `generate` compile the model's forward; the prefill stays eager): neuron
+takes that default path (backend "neuron"), the CPU the same through
+`CompileConfig(_compile_all_devices)` (Inductor). The first call of each side compiles,
+outside the timed rounds.
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
 import os
 import statistics
@@ -90,6 +98,22 @@ class Timing:
     tokens: list[list[int]]
 
 
+COMPILED = False  # --compiled: decode steps compiled on both sides (see the module docstring)
+
+
+def compile_options(device: str) -> dict[str, object]:
+    """generate() keyword arguments for eager or (--compiled) compiled decode steps."""
+    if not COMPILED:
+        return {"disable_compile": True}
+    if device == "neuron":
+        return {}  # Transformers' default on neuron: it compiles static-cache decode steps
+    from transformers import CompileConfig
+
+    config = CompileConfig()
+    config._compile_all_devices = True  # Transformers compiles on the CPU only when asked
+    return {"compile_config": config}
+
+
 def generate_once(model: torch.nn.Module, ids: torch.Tensor, device: str) -> Timing:
     from transformers import LogitsProcessorList
 
@@ -104,9 +128,9 @@ def generate_once(model: torch.nn.Module, ids: torch.Tensor, device: str) -> Tim
         min_new_tokens=NEW_TOKENS,
         do_sample=False,
         cache_implementation="static",
-        disable_compile=True,
         logits_processor=LogitsProcessorList([clock]),
         pad_token_id=0,
+        **compile_options(device),
     )
     if len(clock.stamps) != NEW_TOKENS:
         raise RuntimeError(f"expected {NEW_TOKENS} token stamps, got {len(clock.stamps)}")
@@ -186,7 +210,7 @@ def rows_for(
         Row(
             name,
             batch,
-            "decode",
+            "decode, compiled" if COMPILED else "decode",
             decode_tokens / decode["cpu"],
             decode_tokens / decode["neuron"],
             same,
@@ -227,9 +251,17 @@ def table(rows: list[Row]) -> Table:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_and_start(__doc__.split("\n")[0], "batch 1 only, 3 rounds", argv)
+    global COMPILED
+
+    def compiled_option(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--compiled", action="store_true", help="compiled decode steps on both sides"
+        )
+
+    args = parse_and_start(__doc__.split("\n")[0], "batch 1 only, 3 rounds", argv, compiled_option)
     if args is None:
         return 2
+    COMPILED = args.compiled
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
