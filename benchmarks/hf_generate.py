@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     passed = sum(r.ratio >= TARGET for r in rows)
     print()
     for phase in ("prefill", "decode"):
-        ratios = [r.ratio for r in rows if r.phase == phase]
+        ratios = [r.ratio for r in rows if r.phase.startswith(phase)]
         print(f"geometric mean ratio, {phase}: {geomean(ratios):.3f}")
     print(
         f"{passed}/{len(rows)} rows within target (>= {TARGET}); measured in {elapsed:.0f} s; "
