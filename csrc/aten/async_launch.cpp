@@ -274,8 +274,8 @@ void wait_for_device_work() {
   raise_launch_error();
 }
 
-bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack,
-                  c10::DeviceIndex device) {
+bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceIndex device,
+                  uint64_t borrowed) {
   AsyncPlan& plan = plan_for(op);
   if (!plan.eligible || plan.meta_disagreed.load(std::memory_order_relaxed) ||
       plan.meta_failures.load(std::memory_order_relaxed) >= kMetaFailuresBeforeGivingUp) {
@@ -353,6 +353,11 @@ bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack,
     delete task;
     g_pending.fetch_sub(1, std::memory_order_release);
     NEURON_CHECK(status);
+  }
+  for (size_t i = 0; i < num_args && i < 64; ++i) {
+    if ((borrowed >> i) & 1) {
+      c10::MaybeOwnedTraits<c10::IValue>::destroyBorrow((*stack)[first + i]);
+    }
   }
   stack->erase(stack->begin() + static_cast<std::ptrdiff_t>(first), stack->end());
   for (c10::IValue& result : results) stack->push_back(std::move(result));
