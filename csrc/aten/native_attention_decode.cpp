@@ -13,7 +13,6 @@
 // a call launches on its stream's worker when it can (async_launch.h; the worker runs this
 // same kernel inline), else waits for launched work before reading device memory.
 #include <ATen/Operators.h>
-#include <ATen/Parallel.h>
 #include <ATen/native/CPUFallback.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
@@ -26,6 +25,7 @@
 #include <optional>
 
 #include "async_launch.h"
+#include "aten_parallel.h"
 #include "device_activity.h"
 #include "device_placement.h"
 #include "host_kernel_executor.h"
@@ -114,18 +114,6 @@ bool native_case(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, 
          v.size(3) == q.size(3);
 }
 
-nk::ParallelFor aten_parallel(int64_t work) {
-  if (work < (int64_t{1} << 16) || at::get_num_threads() <= 1 || at::in_parallel_region()) {
-    return nk::serial_for();
-  }
-  nk::ParallelFor par;
-  par.threads = at::get_num_threads();
-  par.run = [](int64_t tasks, const std::function<void(int64_t, int64_t)>& body) {
-    at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) { body(begin, end); });
-  };
-  return par;
-}
-
 // Whether the native kernel takes a call, and the mask as it reads it.
 struct NativeInputs {
   bool native = false;
@@ -182,7 +170,8 @@ std::tuple<at::Tensor, at::Tensor> run_native(const at::Tensor& query, const at:
   // The CPU kernel's scale: the given one, else 1/sqrt(head_dim) in double, used as float.
   p.scale = static_cast<float>(
       scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(p.head_dim)));
-  nk::sdpa_decode(p, aten_parallel(batch * heads * rows * p.kv_len * p.head_dim));
+  // Serial below ~64K multiply-adds of q·k (a split would cost more than it saves).
+  nk::sdpa_decode(p, aten_parallel(batch * heads * rows * p.kv_len * p.head_dim, int64_t{1} << 16));
   return {out, lse};
 }
 

@@ -10,7 +10,6 @@
 #include <ATen/ExpandUtils.h>
 #include <ATen/Functions.h>
 #include <ATen/Operators.h>
-#include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <atomic>
@@ -18,6 +17,7 @@
 
 #include "allocation_redirect.h"
 #include "async_launch.h"
+#include "aten_parallel.h"
 #include "device_activity.h"
 #include "device_placement.h"
 #include "fma_peak.h"
@@ -52,19 +52,8 @@ nk::MatrixRef matrix(const at::Tensor& t) {
   return {t.const_data_ptr(), t.stride(d - 2), t.stride(d - 1), d == 3 ? t.stride(0) : 0};
 }
 
-// at::parallel_for's threads for problems big enough to repay the split.
-nk::ParallelFor aten_parallel(int64_t batch, int64_t m, int64_t n, int64_t k) {
-  if (batch * m * n * k < (int64_t{1} << 17) || at::get_num_threads() <= 1 ||
-      at::in_parallel_region()) {
-    return nk::serial_for();
-  }
-  nk::ParallelFor par;
-  par.threads = at::get_num_threads();
-  par.run = [](int64_t tasks, const std::function<void(int64_t, int64_t)>& body) {
-    at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) { body(begin, end); });
-  };
-  return par;
-}
+// Serial below ~128K multiply-adds: a split would cost more than it saves.
+constexpr int64_t kSerialBelowMultiplyAdds = int64_t{1} << 17;
 
 // out = alpha · a·b + beta · bias over 2-D or 3-D (batched) tensors already checked.
 void run_gemm(const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias, float alpha,
@@ -85,7 +74,7 @@ void run_gemm(const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias, 
   p.alpha = alpha;
   p.beta = beta;
   if (out.numel() == 0) return;
-  nk::gemm(p, aten_parallel(p.batch, p.m, p.n, p.k));
+  nk::gemm(p, aten_parallel(p.batch * p.m * p.n * p.k, kSerialBelowMultiplyAdds));
   native_gemm_calls.fetch_add(1, std::memory_order_relaxed);
 }
 

@@ -1,0 +1,29 @@
+// The native kernels' thread split (csrc/kernels' ParallelFor, which never starts threads
+// of its own) served by at::parallel_for, i.e. PyTorch's intra-op pool.
+#pragma once
+
+#include <ATen/Parallel.h>
+
+#include <cstdint>
+#include <functional>
+
+#include "gemm.h"  // ParallelFor, serial_for
+
+namespace torchneuron {
+
+// at::parallel_for's threads for a problem of `work` units (multiply-adds, elements read)
+// once it is at least `serial_below`; smaller ones, one thread, or a call already inside a
+// parallel region run serially (a split would cost more than it saves).
+inline neuron::kernels::ParallelFor aten_parallel(int64_t work, int64_t serial_below) {
+  if (work < serial_below || at::get_num_threads() <= 1 || at::in_parallel_region()) {
+    return neuron::kernels::serial_for();
+  }
+  neuron::kernels::ParallelFor par;
+  par.threads = at::get_num_threads();
+  par.run = [](int64_t tasks, const std::function<void(int64_t, int64_t)>& body) {
+    at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) { body(begin, end); });
+  };
+  return par;
+}
+
+}  // namespace torchneuron
