@@ -8,6 +8,10 @@
 // masks it does not read, the off switch) runs PyTorch's CPU flash kernel over host aliases
 // through the host-kernel executor, so results and errors there are the CPU's.
 //
+// Compiled graphs run on host aliases, so their attention node is the CPU op; the backend
+// retargets decode-sized ones to torchneuron::native_sdpa_decode (defined here, CPU kernel:
+// the same native code over host memory, else the CPU flash kernel).
+//
 // Outputs match the CPU kernel's: out is empty_like(query) (the query's layout), logsumexp
 // is float32 (batch, heads, rows) laid out as (batch, rows, heads). Like every neuron op,
 // a call launches on its stream's worker when it can (async_launch.h; the worker runs this
