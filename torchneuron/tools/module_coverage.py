@@ -127,6 +127,20 @@ KNOWN_CAUSES: list[sections.Cause] = [
         "_thnn_fused_gru_cell, which have CUDA kernels only, so the host-kernel fallback finds "
         "no CPU kernel; neuron now registers the cells and layers with the CPU's path",
     ),
+    (
+        r"nn\.(LogSoftmax|CrossEntropyLoss|Transformer(Encoder|Decoder)?(Layer)?)",
+        r"not close",
+        "open (issue 15): the native kernels (csrc/kernels) round differently from the CPU's. "
+        "bfloat16 log_softmax: ours computes in float32 and rounds once; the CPU's "
+        "Vectorized<BFloat16> path rounds every intermediate (x - max, the sum, its log) to "
+        "bfloat16, so near 0 it is off by ~0.002-0.004 where ours is within 1e-4 of the float32 "
+        "result (reproduced on bf16[10,20] rows). Transformer layers with at most 8 query rows "
+        "(the native GEMV and decode attention) differ by one bfloat16 unit per product from "
+        "oneDNN's and the CPU flash kernel's summation order, which a layer compounds past the "
+        "bfloat16 tolerance (9-row inputs, which take the CPU kernels, are bitwise equal); the "
+        "few float32 backward samples differ in the GEMM's summation order. "
+        "TORCHNEURON_NATIVE_KERNELS=0 gives 100%",
+    ),
 ]
 
 # The fast subset (tests/test_modules.py and the default of the CLI): modules models use,
