@@ -7,11 +7,13 @@ torchneuron::native_sdpa_decode (torchneuron/native_attention.py). Every test co
 the CPU on the same inputs.
 
 Tolerances: float32 output rtol 1e-5, atol 1e-6 and logsumexp rtol 1e-5, atol 1e-5 (sums in
-another order; our exp is within ~1 ulp). bfloat16: our output is the float32 result rounded
-once, so it is compared with the float32 computation on the same (bf16) inputs rounded to
-bf16 within one bf16 step (rtol 2**-7, atol 1e-3); against the CPU's bf16 kernel, which rounds
-the probabilities to bf16 before multiplying by V, within atol 2e-2, rtol 2**-6. Fallback cases
-run the CPU kernel itself and must be bitwise equal.
+another order; our exp is within ~1 ulp). bfloat16: like the CPU's bf16 kernel, ours rounds the
+probabilities to bf16 before multiplying by V, so it is compared with the CPU's kernel within
+one bf16 step (rtol 2**-7) plus two probabilities rounded the other way (the two exp
+implementations differ in the last float32 bits; a probability's bf16 step is at most 2**-8:
+atol 2 * 2**-8 * max|v|); and, as a check on both, with the float32 computation on the same
+(bf16) inputs within the probabilities' rounding (rtol 2**-6, atol 2e-2). Fallback cases run
+the CPU kernel itself and must be bitwise equal.
 """
 
 from __future__ import annotations
@@ -53,8 +55,9 @@ def check_output(got: torch.Tensor, q, k, v, mask=None, enable_gqa=False) -> Non
     exact = F.scaled_dot_product_attention(
         q.float(), k.float(), v.float(), attn_mask=float_mask, enable_gqa=enable_gqa
     ).to(q.dtype)
-    torch.testing.assert_close(got, exact, rtol=2**-7, atol=1e-3)
-    torch.testing.assert_close(got, cpu, rtol=2**-6, atol=2e-2)
+    flipped = 2 * 2**-8 * v.float().abs().max().item()
+    torch.testing.assert_close(got, cpu, rtol=2**-7, atol=flipped)
+    torch.testing.assert_close(got, exact, rtol=2**-6, atol=2e-2)
 
 
 def cache_mask(batch: int, length: int, used: list[int], dtype: torch.dtype) -> torch.Tensor:

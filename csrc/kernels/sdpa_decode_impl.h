@@ -265,9 +265,25 @@ void scores_block(const SdpaDecodeProblem& p, Row<T>* const* rows, const T* k_he
   }
 }
 
+// Probabilities (in [0, 1], or the canonical NaN) rounded to bfloat16, nearest even.
+inline VecF round_to_bf16(VecF v) {
+  VecI bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  bits += 0x7fff + ((bits >> 16) & 1);
+  bits &= static_cast<int32_t>(0xffff0000u);
+  VecF rounded;
+  std::memcpy(&rounded, &bits, sizeof rounded);
+  return rounded;
+}
+
 // Step 2: scores become exp(s − max), row.sum their sum (all 0 for a fully masked row).
+// For bfloat16 inputs the probabilities P·V multiplies are rounded to bfloat16 (the sum is
+// not), as the CPU's flash kernel stores them: results then differ from the CPU's by the
+// summation order only, within the bfloat16 tolerance of the module conformance sweep,
+// where probabilities kept in float32 differed by several bfloat16 units.
 template <class T>
 void exponentiate(const SdpaDecodeProblem& p, Row<T>& row) {
+  constexpr bool kRoundProbabilities = std::is_same_v<T, uint16_t>;
   const int64_t n = p.kv_len, full = n - n % kWidth;
   if (row.max == kNegInf) {
     std::memset(row.scores, 0, sizeof(float) * static_cast<size_t>(n));
@@ -277,7 +293,7 @@ void exponentiate(const SdpaDecodeProblem& p, Row<T>& row) {
   VecF total = VecF{};
   for (int64_t j = 0; j < full; j += kWidth) {
     const VecF e = exp_cephes<VecF, VecI>(load(row.scores + j) - shift);
-    store(row.scores + j, e);
+    store(row.scores + j, kRoundProbabilities ? round_to_bf16(e) : e);
     total += e;
   }
   float sum = horizontal_sum(total);
@@ -286,8 +302,9 @@ void exponentiate(const SdpaDecodeProblem& p, Row<T>& row) {
     lanes[0] = row.scores[j] - row.max;
     VecF v;
     std::memcpy(&v, lanes, sizeof v);
-    row.scores[j] = exp_cephes<VecF, VecI>(v)[0];
-    sum += row.scores[j];
+    const float e = exp_cephes<VecF, VecI>(v)[0];
+    sum += e;
+    row.scores[j] = kRoundProbabilities ? bf16_value(bf16_bits(e)) : e;
   }
   row.sum = sum;
 }
