@@ -28,6 +28,7 @@
 #include "generator.h"
 #include "host_alias.h"
 #include "op_tracking.h"
+#include "schema_arguments.h"
 
 namespace torchneuron {
 namespace {
@@ -54,26 +55,14 @@ bool is_generator_type(const c10::TypePtr& type) {
 std::unique_ptr<OpPlan> make_plan(const c10::FunctionSchema& schema) {
   auto plan = std::make_unique<OpPlan>();
   plan->name = c10::toString(schema.operator_name());
-  const auto& arguments = schema.arguments();
-  for (const auto& argument : arguments) {
+  for (const auto& argument : schema.arguments()) {
     plan->is_generator.push_back(is_generator_type(argument.real_type()));
-    // Index lists (Tensor?[]) may hold CPU tensors, as on CUDA.
-    plan->allows_host.push_back(argument.real_type()->str() == "Tensor?[]");
-    plan->is_written.push_back(argument.alias_info() != nullptr &&
-                               argument.alias_info()->isWrite());
   }
-  for (const auto& ret : schema.returns()) {
-    int alias_of = -1;
-    if (ret.alias_info() != nullptr && ret.alias_info()->isWrite()) {
-      for (size_t i = 0; i < arguments.size(); ++i) {
-        const auto* info = arguments[i].alias_info();
-        if (info != nullptr && info->beforeSets() == ret.alias_info()->beforeSets()) {
-          alias_of = static_cast<int>(i);
-          break;
-        }
-      }
-    }
-    plan->return_aliases.push_back(alias_of);
+  SchemaArguments described = schema_arguments(schema);
+  plan->allows_host = std::move(described.allows_host);
+  plan->is_written = std::move(described.is_written);
+  plan->return_aliases = std::move(described.return_aliases);
+  for (int alias_of : plan->return_aliases) {
     plan->returns_arguments = plan->returns_arguments || alias_of >= 0;
   }
   plan->counter = &op_counter(&schema, plan->name);

@@ -5,6 +5,9 @@
 #include <optional>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
+
+#include "schema_arguments.h"
 
 namespace torchneuron {
 namespace {
@@ -108,32 +111,21 @@ std::unique_ptr<AsyncPlan> make_plan(const c10::OperatorHandle& op) {
                       at::Tag::nondeterministic_seeded, at::Tag::inplace_view}) {
     if (op.hasTag(tag)) plan->eligible = false;
   }
-  const auto& arguments = schema.arguments();
-  for (const auto& argument : arguments) {
+  for (const auto& argument : schema.arguments()) {
     const c10::TypeKind kind = unwrap_optional(argument.real_type())->kind();
     if (kind == c10::TypeKind::GeneratorType || kind == c10::TypeKind::StorageType ||
         kind == c10::TypeKind::StreamObjType || kind == c10::TypeKind::AnyType) {
       plan->eligible = false;
     }
-    plan->is_written.push_back(argument.alias_info() != nullptr &&
-                               argument.alias_info()->isWrite());
-    plan->allows_host.push_back(argument.real_type()->str() == "Tensor?[]");
   }
   for (const auto& ret : schema.returns()) {
     // Results must be tensors: a number or a bool (item, equal, ...) is read from data.
     if (!is_tensor_or_tensor_list(ret.real_type())) plan->eligible = false;
-    int alias_of = -1;
-    if (ret.alias_info() != nullptr && ret.alias_info()->isWrite()) {
-      for (size_t i = 0; i < arguments.size(); ++i) {
-        const auto* info = arguments[i].alias_info();
-        if (info != nullptr && info->beforeSets() == ret.alias_info()->beforeSets()) {
-          alias_of = static_cast<int>(i);
-          break;
-        }
-      }
-    }
-    plan->return_aliases.push_back(alias_of);
   }
+  SchemaArguments described = schema_arguments(schema);
+  plan->is_written = std::move(described.is_written);
+  plan->allows_host = std::move(described.allows_host);
+  plan->return_aliases = std::move(described.return_aliases);
   return plan;
 }
 
