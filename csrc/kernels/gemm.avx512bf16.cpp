@@ -133,7 +133,8 @@ struct Bf16PairTiles {
     const int64_t mcp = round_up(mc, MR), ncp = round_up(nc, NR);
     s.a.resize(mcp * KC);
     s.b.resize(ncp * KC);
-    s.c.assign(mcp * ncp, 0.0f);
+    s.c.resize(mcp * ncp);  // the first k slice writes every tile; only k = 0 reads zeros
+    if (p.k == 0) std::fill(s.c.begin(), s.c.end(), 0.0f);
     const auto* a =
         static_cast<const uint16_t*>(p.a.data) + batch * p.a.batch_stride + i0 * p.a.row_stride;
     const auto* b =

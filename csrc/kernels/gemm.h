@@ -34,7 +34,7 @@ struct GemmProblem {
   MatrixRef a;                            // m × k
   MatrixRef b;                            // k × n
   MatrixRef bias;                         // m × n, read only when bias.data is set
-  void* c = nullptr;                      // m × n
+  void* c = nullptr;                      // m × n, overlapping none of A, B and bias
   int64_t c_row_stride = 0;
   int64_t c_col_stride = 1;
   int64_t c_batch_stride = 0;

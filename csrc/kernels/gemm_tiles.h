@@ -31,10 +31,12 @@ inline void store_as(uint16_t* p, float v) { *p = float_to_bf16_rne(v); }
 
 constexpr int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
-template <class V, int MR>
+// MR × NV vectors of accumulators per register tile: NV = 2 in general, NV = 1 (with twice
+// the rows) for products at most one vector wide, which two-vector panels would half waste.
+template <class V, int MR, int NV = 2>
 struct GemmTiles {
   static constexpr int W = V::kWidth;
-  static constexpr int NR = 2 * W;
+  static constexpr int NR = NV * W;
   static constexpr int64_t KC = 256;
   static constexpr int64_t MC = MR * 32;
   static constexpr int64_t NC = NR * 16;
@@ -44,13 +46,19 @@ struct GemmTiles {
     std::vector<float> a, b, c;
   };
 
+  // The scaled, biased result of one output element (in float32).
+  template <class E>
+  static inline float scaled(const GemmProblem& p, const E* bias, int64_t i, int64_t j, float acc) {
+    float v = p.alpha == 1.0f ? acc : p.alpha * acc;
+    if (bias != nullptr) v += p.beta * to_f32(bias[i * p.bias.row_stride + j * p.bias.col_stride]);
+    return v;
+  }
+
   // The scaled, biased result of one output element, stored in the output dtype.
   template <class E>
   static inline void finish(const GemmProblem& p, const E* bias, E* out, int64_t i, int64_t j,
                             float acc) {
-    float v = p.alpha == 1.0f ? acc : p.alpha * acc;
-    if (bias != nullptr) v += p.beta * to_f32(bias[i * p.bias.row_stride + j * p.bias.col_stride]);
-    store_as(out + i * p.c_row_stride + j * p.c_col_stride, v);
+    store_as(out + i * p.c_row_stride + j * p.c_col_stride, scaled(p, bias, i, j, acc));
   }
 
   // A's rows [0, mc) × columns [0, kc) into MR-row panels, k-major within a panel.
@@ -107,34 +115,35 @@ struct GemmTiles {
   template <class EA, class EB>
   static void micro_kernel(const EA* a, int64_t a_rs, int64_t a_ks, const EB* b, int64_t b_ks,
                            int64_t kc, float* c, int64_t ldc, bool accumulate) {
-    typename V::Reg acc[MR][2];
+    typename V::Reg acc[MR][NV];
     const EA* rows[MR];
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
-      acc[i][0] = acc[i][1] = V::zero();
+#pragma GCC unroll 2
+      for (int v = 0; v < NV; ++v) acc[i][v] = V::zero();
       rows[i] = a + i * a_rs;
     }
     for (int64_t k = 0; k < kc; ++k) {
-      const typename V::Reg b0 = V::load(b);
-      const typename V::Reg b1 = V::load(b + W);
+      typename V::Reg bv[NV];
+#pragma GCC unroll 2
+      for (int v = 0; v < NV; ++v) bv[v] = V::load(b + v * W);
 #pragma GCC unroll 16
       for (int i = 0; i < MR; ++i) {
         const typename V::Reg av = V::set1(to_f32(*rows[i]));
         rows[i] += a_ks;
-        acc[i][0] = V::fma(av, b0, acc[i][0]);
-        acc[i][1] = V::fma(av, b1, acc[i][1]);
+#pragma GCC unroll 2
+        for (int v = 0; v < NV; ++v) acc[i][v] = V::fma(av, bv[v], acc[i][v]);
       }
       b += b_ks;
     }
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
       float* row = c + i * ldc;
-      if (accumulate) {
-        acc[i][0] = V::add(acc[i][0], V::load(row));
-        acc[i][1] = V::add(acc[i][1], V::load(row + W));
+#pragma GCC unroll 2
+      for (int v = 0; v < NV; ++v) {
+        if (accumulate) acc[i][v] = V::add(acc[i][v], V::load(row + v * W));
+        V::store(row + v * W, acc[i][v]);
       }
-      V::store(row, acc[i][0]);
-      V::store(row + W, acc[i][1]);
     }
   }
 
@@ -148,18 +157,20 @@ struct GemmTiles {
     const int64_t lda = p.a.row_stride, ldb = p.b.row_stride;
     const bool a_direct = p.a.col_stride == 1, b_direct = p.b.col_stride == 1 && nc % NR == 0;
     const int64_t a_full = a_direct ? mc - mc % MR : 0;  // rows read in place
-    s.a.resize(mcp * KC);
-    s.b.resize(ncp * KC);
-    s.c.assign(mcp * ncp, 0.0f);
     const E* bias = bias_of<E>(p, batch, i0, j0);
     E* out =
         static_cast<E*>(p.c) + batch * p.c_batch_stride + i0 * p.c_row_stride + j0 * p.c_col_stride;
-    // A float32 result with nothing to add or scale accumulates in the output itself (whole
-    // register tiles), skipping the staging tile; short-k products (a weight gradient over
-    // few tokens) are otherwise dominated by that extra pass.
-    const bool direct_out = std::is_same_v<E, float> && p.k > 0 && bias == nullptr &&
-                            p.alpha == 1.0f && p.c_col_stride == 1;
+    // A float32 result accumulates in the output itself (whole register tiles), skipping the
+    // staging tile; its scale and bias are applied there after the last k slice. Short-k
+    // products (a weight gradient over few tokens) are otherwise dominated by that extra
+    // pass over the output.
+    const bool direct_out = std::is_same_v<E, float> && p.k > 0 && p.c_col_stride == 1;
     const int64_t mc_full = mc - mc % MR, nc_full = nc - nc % NR;
+    s.a.resize(mcp * KC);
+    s.b.resize(ncp * KC);
+    // The first k slice writes every staged register tile, so only k = 0 reads zeros here.
+    if (!direct_out || mc_full < mc || nc_full < nc) s.c.resize(mcp * ncp);
+    if (p.k == 0) std::fill(s.c.begin(), s.c.end(), 0.0f);
     const E* a = static_cast<const E*>(p.a.data) + batch * p.a.batch_stride + i0 * lda;
     const E* b = static_cast<const E*>(p.b.data) + batch * p.b.batch_stride + j0 * p.b.col_stride;
     for (int64_t p0 = 0; p0 < p.k; p0 += KC) {
@@ -191,10 +202,18 @@ struct GemmTiles {
         }
       }
     }
+    // The staged elements: all of them, or the partial tiles at the edges.
+    const int64_t rows_in_place = direct_out ? mc_full : 0;
+    const int64_t cols_in_place = direct_out ? nc_full : 0;
     for (int64_t i = 0; i < mc; ++i) {
-      for (int64_t j = 0; j < nc; ++j) {
-        if (direct_out && i < mc_full && j < nc_full) continue;  // already in place
-        finish(p, bias, out, i, j, s.c[i * ncp + j]);
+      const int64_t first = i < rows_in_place ? cols_in_place : 0;
+      for (int64_t j = first; j < nc; ++j) finish(p, bias, out, i, j, s.c[i * ncp + j]);
+    }
+    if (direct_out && (bias != nullptr || p.alpha != 1.0f)) {
+      float* c = reinterpret_cast<float*>(out);
+      for (int64_t i = 0; i < rows_in_place; ++i) {
+        float* row = c + i * p.c_row_stride;
+        for (int64_t j = 0; j < cols_in_place; ++j) row[j] = scaled(p, bias, i, j, row[j]);
       }
     }
   }
@@ -317,6 +336,12 @@ struct GemmTiles {
       const GemmProblem t = transposed(p);
       packed<E>(t, par);
       return;
+    }
+    if constexpr (NV > 1) {
+      if (p.n <= W) {
+        GemmTiles<V, MR * NV, 1>::template packed<E>(p, par);
+        return;
+      }
     }
     const int64_t mt = (p.m + MC - 1) / MC, nt = (p.n + NC - 1) / NC;
     par.run(p.batch * mt * nt, [&](int64_t begin, int64_t end) {

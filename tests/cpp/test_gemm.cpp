@@ -143,9 +143,27 @@ void run_case(const Case& c, nk::GemmDtype dtype, nk::IsaLevel level, const nk::
 std::vector<Case> cases() {
   std::vector<Case> out;
   const int64_t shapes[][3] = {
-      {1, 1, 1},   {1, 37, 19},  {1, 64, 768},  {2, 33, 17},  {3, 5, 40},   {4, 130, 33},
-      {8, 9, 600}, {9, 71, 300}, {17, 3, 257},  {67, 45, 31}, {40, 96, 70}, {130, 290, 270},
-      {5, 0, 3},   {6, 7, 0},    {64, 1, 1024}, {70, 3, 90},  {6, 20, 45}};
+      {1, 1, 1},
+      {1, 37, 19},
+      {1, 64, 768},
+      {2, 33, 17},
+      {3, 5, 40},
+      {4, 130, 33},
+      {8, 9, 600},
+      {9, 71, 300},
+      {17, 3, 257},
+      {67, 45, 31},
+      {40, 96, 70},
+      {130, 290, 270},
+      {5, 0, 3},
+      {6, 7, 0},
+      {64, 1, 1024},
+      {70, 3, 90},
+      {6, 20, 45},
+      // one-vector-wide tiles (n at most a vector): several row panels, k over KC
+      {50, 12, 70},
+      {33, 16, 300},
+      {40, 24, 20}};
   for (const auto& s : shapes) {
     for (Layout al : {Layout::kRowMajor, Layout::kTransposed}) {
       for (Layout bl : {Layout::kRowMajor, Layout::kTransposed}) {
@@ -157,6 +175,8 @@ std::vector<Case> cases() {
   out.push_back({3, 5, 33, 70, Layout::kRowMajor, Layout::kRowMajor, false, 1.0f, 1.0f});
   out.push_back({2, 1, 40, 50, Layout::kRowMajor, Layout::kTransposed, true, 0.5f, 2.0f});
   out.push_back({2, 70, 40, 50, Layout::kTransposed, Layout::kRowMajor, true, -1.5f, 0.25f});
+  // whole register tiles accumulated in the output over several k slices, then scaled
+  out.push_back({1, 96, 64, 300, Layout::kRowMajor, Layout::kRowMajor, true, 0.5f, -2.0f});
   return out;
 }
 
