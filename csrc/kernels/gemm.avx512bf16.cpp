@@ -131,10 +131,10 @@ struct Bf16PairTiles {
   static void tile(const GemmProblem& p, int64_t batch, int64_t i0, int64_t j0, Scratch& s) {
     const int64_t mc = std::min(MC, p.m - i0), nc = std::min(NC, p.n - j0);
     const int64_t mcp = round_up(mc, MR), ncp = round_up(nc, NR);
-    s.a.resize(mcp * KC);
-    s.b.resize(ncp * KC);
-    s.c.resize(mcp * ncp);  // the first k slice writes every tile; only k = 0 reads zeros
-    if (p.k == 0) std::fill(s.c.begin(), s.c.end(), 0.0f);
+    reserve_scratch(s.a, mcp * KC);
+    reserve_scratch(s.b, ncp * KC);
+    reserve_scratch(s.c, mcp * ncp);  // the first k slice writes every tile
+    if (p.k == 0) std::fill(s.c.begin(), s.c.begin() + mcp * ncp, 0.0f);
     const auto* a =
         static_cast<const uint16_t*>(p.a.data) + batch * p.a.batch_stride + i0 * p.a.row_stride;
     const auto* b =

@@ -31,6 +31,13 @@ inline void store_as(uint16_t* p, float v) { *p = float_to_bf16_rne(v); }
 
 constexpr int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
+// Grows a scratch buffer to at least n elements and never shrinks it: sized down and back up
+// by tiles of different sizes, it would zero the regrown part on every call.
+template <class T>
+void reserve_scratch(std::vector<T>& v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+}
+
 // MR × NV vectors of accumulators per register tile: NV = 2 in general, NV = 1 (with twice
 // the rows) for products at most one vector wide, which two-vector panels would half waste.
 template <class V, int MR, int NV = 2>
@@ -166,11 +173,11 @@ struct GemmTiles {
     // pass over the output.
     const bool direct_out = std::is_same_v<E, float> && p.k > 0 && p.c_col_stride == 1;
     const int64_t mc_full = mc - mc % MR, nc_full = nc - nc % NR;
-    s.a.resize(mcp * KC);
-    s.b.resize(ncp * KC);
+    reserve_scratch(s.a, mcp * KC);
+    reserve_scratch(s.b, ncp * KC);
     // The first k slice writes every staged register tile, so only k = 0 reads zeros here.
-    if (!direct_out || mc_full < mc || nc_full < nc) s.c.resize(mcp * ncp);
-    if (p.k == 0) std::fill(s.c.begin(), s.c.end(), 0.0f);
+    if (!direct_out || mc_full < mc || nc_full < nc) reserve_scratch(s.c, mcp * ncp);
+    if (p.k == 0) std::fill(s.c.begin(), s.c.begin() + mcp * ncp, 0.0f);
     const E* a = static_cast<const E*>(p.a.data) + batch * p.a.batch_stride + i0 * lda;
     const E* b = static_cast<const E*>(p.b.data) + batch * p.b.batch_stride + j0 * p.b.col_stride;
     for (int64_t p0 = 0; p0 < p.k; p0 += KC) {
@@ -205,15 +212,60 @@ struct GemmTiles {
     // The staged elements: all of them, or the partial tiles at the edges.
     const int64_t rows_in_place = direct_out ? mc_full : 0;
     const int64_t cols_in_place = direct_out ? nc_full : 0;
-    for (int64_t i = 0; i < mc; ++i) {
-      const int64_t first = i < rows_in_place ? cols_in_place : 0;
-      for (int64_t j = first; j < nc; ++j) finish(p, bias, out, i, j, s.c[i * ncp + j]);
+    if (direct_out) {
+      for (int64_t i = 0; i < mc; ++i) {
+        const int64_t first = i < rows_in_place ? cols_in_place : 0;
+        for (int64_t j = first; j < nc; ++j) finish(p, bias, out, i, j, s.c[i * ncp + j]);
+      }
+    } else {
+      finish_staged(p, bias, out, s.c.data(), ncp, mc, nc);
     }
-    if (direct_out && (bias != nullptr || p.alpha != 1.0f)) {
-      float* c = reinterpret_cast<float*>(out);
-      for (int64_t i = 0; i < rows_in_place; ++i) {
-        float* row = c + i * p.c_row_stride;
-        for (int64_t j = 0; j < cols_in_place; ++j) row[j] = scaled(p, bias, i, j, row[j]);
+    if constexpr (std::is_same_v<E, float>) {
+      if (direct_out && (bias != nullptr || p.alpha != 1.0f)) {
+        scale_in_place(p, bias, out, rows_in_place, cols_in_place);
+      }
+    }
+  }
+
+  // A staged mc × nc tile (row stride ldc) into the output. A transposed product's output
+  // (unit row stride) is written down its columns, so the stores are contiguous; with unit
+  // scale and bias weight the epilogue is the one add it rounds once in either order.
+  template <class E>
+  static void finish_staged(const GemmProblem& p, const E* bias, E* out, const float* c,
+                            int64_t ldc, int64_t mc, int64_t nc) {
+    const bool plain = p.alpha == 1.0f && (bias == nullptr || p.beta == 1.0f);
+    if (p.c_row_stride == 1 && plain) {
+      for (int64_t j = 0; j < nc; ++j) {
+        E* column = out + j * p.c_col_stride;
+        const E* b = bias == nullptr ? nullptr : bias + j * p.bias.col_stride;
+        for (int64_t i = 0; i < mc; ++i) {
+          const float v = c[i * ldc + j];
+          store_as(column + i, b == nullptr ? v : v + to_f32(b[i * p.bias.row_stride]));
+        }
+      }
+      return;
+    }
+    for (int64_t i = 0; i < mc; ++i) {
+      for (int64_t j = 0; j < nc; ++j) finish(p, bias, out, i, j, c[i * ldc + j]);
+    }
+  }
+
+  // The scale and bias of float32 results accumulated in the output. A linear layer's
+  // (unit scale and bias weight, a bias row with contiguous columns) is one vector add per
+  // vector, exactly the scalar epilogue's single rounding; other forms take that epilogue.
+  static void scale_in_place(const GemmProblem& p, const float* bias, float* c, int64_t rows,
+                             int64_t cols) {
+    const bool vector_bias =
+        bias != nullptr && p.alpha == 1.0f && p.beta == 1.0f && p.bias.col_stride == 1;
+    for (int64_t i = 0; i < rows; ++i) {
+      float* row = c + i * p.c_row_stride;
+      if (vector_bias) {
+        const float* b = bias + i * p.bias.row_stride;
+        int64_t j = 0;
+        for (; j + W <= cols; j += W) V::store(row + j, V::add(V::load(row + j), V::load(b + j)));
+        for (; j < cols; ++j) row[j] += b[j];
+      } else {
+        for (int64_t j = 0; j < cols; ++j) row[j] = scaled(p, bias, i, j, row[j]);
       }
     }
   }
@@ -355,9 +407,15 @@ struct GemmTiles {
 
   // B = Wᵀ (W row-major) with fewer rows of A than columns of B, e.g. a linear layer's
   // forward at prefill sizes: computing Cᵀ = Bᵀ·Aᵀ reads W in place and packs only the
-  // smaller activation matrix.
+  // smaller activation matrix. Its output is strided, so it is staged and stored one element
+  // at a time: that costs more than packing W (once per MC rows of A) unless k is long
+  // against m (a short-k product such as a LoRA up-projection stays as it is).
   static bool should_transpose(const GemmProblem& p) {
-    return p.b.col_stride != 1 && p.b.row_stride == 1 && p.a.col_stride == 1 && p.m < p.n;
+    if (!(p.b.col_stride != 1 && p.b.row_stride == 1 && p.a.col_stride == 1 && p.m < p.n)) {
+      return false;
+    }
+    const int64_t row_tiles = (p.m + MC - 1) / MC;
+    return 2 * p.m < p.k * row_tiles;
   }
 
   static GemmProblem transposed(const GemmProblem& p) {
