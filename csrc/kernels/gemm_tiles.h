@@ -209,21 +209,18 @@ struct GemmTiles {
         }
       }
     }
-    // The staged elements: all of them, or the partial tiles at the edges.
-    const int64_t rows_in_place = direct_out ? mc_full : 0;
-    const int64_t cols_in_place = direct_out ? nc_full : 0;
-    if (direct_out) {
-      for (int64_t i = 0; i < mc; ++i) {
-        const int64_t first = i < rows_in_place ? cols_in_place : 0;
-        for (int64_t j = first; j < nc; ++j) finish(p, bias, out, i, j, s.c[i * ncp + j]);
-      }
-    } else {
+    if (!direct_out) {
       finish_staged(p, bias, out, s.c.data(), ncp, mc, nc);
+      return;
+    }
+    // Only the partial tiles at the edges were staged.
+    for (int64_t i = 0; i < mc; ++i) {
+      for (int64_t j = i < mc_full ? nc_full : 0; j < nc; ++j) {
+        finish(p, bias, out, i, j, s.c[i * ncp + j]);
+      }
     }
     if constexpr (std::is_same_v<E, float>) {
-      if (direct_out && (bias != nullptr || p.alpha != 1.0f)) {
-        scale_in_place(p, bias, out, rows_in_place, cols_in_place);
-      }
+      if (bias != nullptr || p.alpha != 1.0f) scale_in_place(p, bias, out, mc_full, nc_full);
     }
   }
 

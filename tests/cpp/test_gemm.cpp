@@ -160,7 +160,7 @@ std::vector<Case> cases() {
       {64, 1, 1024},
       {70, 3, 90},
       {6, 20, 45},
-      // one-vector-wide tiles (n at most a vector): several row panels, k over KC
+      // n within one AVX-512 vector (one-vector tiles) and just beyond it; k over KC
       {50, 12, 70},
       {33, 16, 300},
       {40, 24, 20}};
