@@ -19,6 +19,19 @@ struct Avx2Vec {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
   }
   static void store(float* p, Reg v) { _mm256_storeu_ps(p, v); }
+  // Rounded to nearest even, NaN → 0x7FC0, as float_to_bf16_rne.
+  static void store(uint16_t* p, Reg v) {
+    const __m256i bits = _mm256_castps_si256(v);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    const __m256i bias = _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff));
+    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(bits, bias), 16);
+    const __m256i magnitude = _mm256_and_si256(bits, _mm256_set1_epi32(0x7fffffff));
+    const __m256i nan = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7f800000));
+    r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7fc0), nan);
+    const __m128i halves =
+        _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), halves);
+  }
   static Reg set1(float v) { return _mm256_set1_ps(v); }
   static Reg fma(Reg a, Reg b, Reg c) { return _mm256_fmadd_ps(a, b, c); }
   static Reg add(Reg a, Reg b) { return _mm256_add_ps(a, b); }

@@ -21,6 +21,7 @@ struct ScalarVec {
   static Reg load(const float* p) { return *p; }
   static Reg load(const uint16_t* p) { return bf16_to_float(*p); }
   static void store(float* p, Reg v) { *p = v; }
+  static void store(uint16_t* p, Reg v) { *p = float_to_bf16_rne(v); }
   static Reg set1(float v) { return v; }
   static Reg fma(Reg a, Reg b, Reg c) { return a * b + c; }
   static Reg add(Reg a, Reg b) { return a + b; }

@@ -91,6 +91,18 @@ struct GemmTiles {
     }
   }
 
+  // A's rows [0, rows) × columns [0, kc) (k contiguous) as float32 rows of stride kc.
+  template <class E>
+  static void widen_rows(const E* a, int64_t lda, int64_t rows, int64_t kc, float* dst) {
+    for (int64_t i = 0; i < rows; ++i) {
+      const E* src = a + i * lda;
+      float* row = dst + i * kc;
+      int64_t k = 0;
+      for (; k + W <= kc; k += W) V::store(row + k, V::load(src + k));
+      for (; k < kc; ++k) row[k] = to_f32(src[k]);
+    }
+  }
+
   // B's rows [0, kc) × columns [0, nc) into NR-column panels, k-major within a panel.
   template <class E>
   static void pack_b(const E* b, int64_t rs, int64_t cs, int64_t kc, int64_t nc, float* dst) {
@@ -162,8 +174,14 @@ struct GemmTiles {
     const int64_t mc = std::min(MC, p.m - i0), nc = std::min(NC, p.n - j0);
     const int64_t mcp = round_up(mc, MR), ncp = round_up(nc, NR);
     const int64_t lda = p.a.row_stride, ldb = p.b.row_stride;
-    const bool a_direct = p.a.col_stride == 1, b_direct = p.b.col_stride == 1 && nc % NR == 0;
-    const int64_t a_full = a_direct ? mc - mc % MR : 0;  // rows read in place
+    // bf16 is never read in place by the micro-kernel: every broadcast of A would cost a
+    // load, shift and move instead of one broadcast load, and every vector of B a widening.
+    // Row-major bf16 A is widened row by row into scratch (vector conversions, no transpose)
+    // and read from there as float32 A is in place; B is packed.
+    constexpr bool is_f32 = std::is_same_v<E, float>;
+    const bool a_rows = p.a.col_stride == 1;  // A row-major: read by rows, not packed
+    const bool b_direct = is_f32 && p.b.col_stride == 1 && nc % NR == 0;
+    const int64_t a_full = a_rows ? mc - mc % MR : 0;  // rows read row-major
     const E* bias = bias_of<E>(p, batch, i0, j0);
     E* out =
         static_cast<E*>(p.c) + batch * p.c_batch_stride + i0 * p.c_row_stride + j0 * p.c_col_stride;
@@ -187,6 +205,10 @@ struct GemmTiles {
       if (a_full < mc) {
         pack_a(a_k + a_full * lda, lda, p.a.col_stride, mc - a_full, kc, s.a.data() + a_full * kc);
       }
+      if constexpr (!is_f32) widen_rows(a_k, lda, a_full, kc, s.a.data());
+      // Where the row-major rows are read: in place (float32) or widened, row stride kc.
+      const float* a_row_data = is_f32 ? reinterpret_cast<const float*>(a_k) : s.a.data();
+      const int64_t a_ld = is_f32 ? lda : kc;
       if (!b_direct) pack_b(b_k, ldb, p.b.col_stride, kc, nc, s.b.data());
       for (int64_t jr = 0; jr < ncp; jr += NR) {
         for (int64_t ir = 0; ir < mcp; ir += MR) {
@@ -197,9 +219,10 @@ struct GemmTiles {
           const bool acc = p0 > 0;
           if (ir < a_full) {
             if (b_direct) {
-              micro_kernel(a_k + ir * lda, lda, 1, b_k + jr, ldb, kc, c, ldc, acc);
+              micro_kernel(a_row_data + ir * a_ld, a_ld, 1, b_k + jr, ldb, kc, c, ldc, acc);
             } else {
-              micro_kernel(a_k + ir * lda, lda, 1, s.b.data() + jr * kc, NR, kc, c, ldc, acc);
+              micro_kernel(a_row_data + ir * a_ld, a_ld, 1, s.b.data() + jr * kc, NR, kc, c, ldc,
+                           acc);
             }
           } else if (b_direct) {
             micro_kernel(s.a.data() + ir * kc, 1, MR, b_k + jr, ldb, kc, c, ldc, acc);
@@ -225,8 +248,9 @@ struct GemmTiles {
   }
 
   // A staged mc × nc tile (row stride ldc) into the output. A transposed product's output
-  // (unit row stride) is written down its columns, so the stores are contiguous; with unit
-  // scale and bias weight the epilogue is the one add it rounds once in either order.
+  // (unit row stride) is written down its columns, so the stores are contiguous; a row-major
+  // one a vector at a time (bf16 rounded to nearest even in registers). With unit scale and
+  // bias weight the epilogue is the one add, rounded once in any order.
   template <class E>
   static void finish_staged(const GemmProblem& p, const E* bias, E* out, const float* c,
                             int64_t ldc, int64_t mc, int64_t nc) {
@@ -239,6 +263,20 @@ struct GemmTiles {
           const float v = c[i * ldc + j];
           store_as(column + i, b == nullptr ? v : v + to_f32(b[i * p.bias.row_stride]));
         }
+      }
+      return;
+    }
+    if (p.c_col_stride == 1 && plain && (bias == nullptr || p.bias.col_stride == 1)) {
+      for (int64_t i = 0; i < mc; ++i) {
+        E* row = out + i * p.c_row_stride;
+        const float* src = c + i * ldc;
+        const E* b = bias == nullptr ? nullptr : bias + i * p.bias.row_stride;
+        int64_t j = 0;
+        for (; j + W <= nc; j += W) {
+          const typename V::Reg v = V::load(src + j);
+          V::store(row + j, b == nullptr ? v : V::add(v, V::load(b + j)));
+        }
+        for (; j < nc; ++j) store_as(row + j, b == nullptr ? src[j] : src[j] + to_f32(b[j]));
       }
       return;
     }

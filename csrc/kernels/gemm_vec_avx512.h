@@ -20,6 +20,17 @@ struct Avx512Vec {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
   }
   static void store(float* p, Reg v) { _mm512_storeu_ps(p, v); }
+  // Rounded to nearest even, NaN → 0x7FC0, as float_to_bf16_rne.
+  static void store(uint16_t* p, Reg v) {
+    const __m512i bits = _mm512_castps_si512(v);
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    const __m512i bias = _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(bits, bias), 16);
+    const __m512i magnitude = _mm512_and_si512(bits, _mm512_set1_epi32(0x7fffffff));
+    const __mmask16 nan = _mm512_cmpgt_epi32_mask(magnitude, _mm512_set1_epi32(0x7f800000));
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_set1_epi32(0x7fc0));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+  }
   static Reg set1(float v) { return _mm512_set1_ps(v); }
   static Reg fma(Reg a, Reg b, Reg c) { return _mm512_fmadd_ps(a, b, c); }
   static Reg add(Reg a, Reg b) { return _mm512_add_ps(a, b); }

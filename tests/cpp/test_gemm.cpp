@@ -3,11 +3,13 @@
 // linear layer, batches, broadcast bias, float32 and bfloat16, serial and threaded.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "cpu_features.h"
@@ -212,6 +214,53 @@ TEST(Gemm, Bf16RoundsToNearestEven) {
   EXPECT_EQ(nk::float_to_bf16_rne(NAN), 0x7fc0);
   EXPECT_EQ(nk::float_to_bf16_rne(INFINITY), 0x7f80);
   EXPECT_EQ(nk::float_to_bf16_rne(-0.0f), 0x8000);
+}
+
+// Each output element is the float32 sum x + y of one row of A = [x, y] against a B of ones,
+// so the bf16 result is that sum rounded once: the vector rounding of a row-major output
+// must give float_to_bf16_rne's bits exactly (ties to even, overflow to infinity, NaN of
+// either sign to 0x7FC0).
+TEST(Gemm, Bf16OutputRoundsBitForBitLikeTheScalarRounding) {
+  const float tie = 1.0f / 256, max_bf16 = nk::bf16_to_float(0x7f7f);
+  const std::vector<std::pair<float, float>> sums = {
+      {1.0f, tie},                        // tie, even below
+      {1.0f + 2 * tie, tie},              // tie, odd below: rounds up
+      {1.0f, tie + 1.0f / 4096},          // above the tie
+      {-1.0f - 2 * tie, -tie},            // negative tie, odd below
+      {max_bf16, std::ldexp(1.0f, 119)},  // tie at the largest finite: overflows to inf
+      {INFINITY, 1.0f},
+      {-INFINITY, -1.0f},
+      {NAN, 1.0f},
+      {-NAN, 1.0f},
+      {-2.0f, -2 * tie},  // tie at a larger exponent, even below
+      {3.0f, -3.0f},
+      {0.1f, 0.2f}};
+  const int64_t m = static_cast<int64_t>(sums.size()), n = 40, k = 2;
+  std::vector<uint16_t> a(m * k), ones(k * n, nk::float_to_bf16_rne(1.0f)), c(m * n);
+  std::vector<uint16_t> want(m);
+  for (int64_t i = 0; i < m; ++i) {
+    a[i * k] = nk::float_to_bf16_rne(sums[i].first);
+    a[i * k + 1] = nk::float_to_bf16_rne(sums[i].second);
+    want[i] = nk::float_to_bf16_rne(nk::bf16_to_float(a[i * k]) + nk::bf16_to_float(a[i * k + 1]));
+  }
+  for (nk::IsaLevel level : host_levels()) {
+    nk::GemmProblem p;
+    p.m = m;
+    p.n = n;
+    p.k = k;
+    p.dtype = nk::GemmDtype::kBFloat16;
+    p.a = {a.data(), k, 1, 0};
+    p.b = {ones.data(), n, 1, 0};
+    p.c = c.data();
+    p.c_row_stride = n;
+    std::fill(c.begin(), c.end(), uint16_t{0x1234});
+    nk::gemm(p, nk::serial_for(), level);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        ASSERT_EQ(c[i * n + j], want[i]) << nk::isa_name(level) << " row " << i << " col " << j;
+      }
+    }
+  }
 }
 
 TEST(Gemm, RejectsBadArguments) {
