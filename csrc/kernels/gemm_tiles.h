@@ -9,9 +9,11 @@
 //    bf16 to float32 in registers, with the m activation rows held in cache; memory-bound, so
 //    the point is to read W exactly once at full bandwidth.
 //  - Packed GEMM (everything else): Goto-style blocking. An output tile of MC × NC rows and
-//    columns is one task; per KC slice of k, A and B are copied (and converted to float32)
-//    into MR-row and NR-column panels and an MR × NR register-blocked FMA kernel accumulates
-//    into a float32 tile, which is scaled, biased and rounded to the output dtype once.
+//    columns is one task; per KC slice of k, A and B are read in place (float32 row-major),
+//    widened by rows (bf16 row-major A) or copied and converted to float32 into MR-row and
+//    NR-column panels, and an MR × NR register-blocked FMA kernel accumulates in float32,
+//    in the output itself (float32) or in a staging tile; scale and bias are applied and the
+//    result rounded to the output dtype once (packed_tile).
 #pragma once
 
 #include <algorithm>
