@@ -102,3 +102,27 @@ def test_autograd_reaches_it_through_scaled_dot_product_attention() -> None:
     for got, want in zip(grads[str(DEVICE)], grads["cpu"], strict=True):
         scale = want.abs().max().item()
         torch.testing.assert_close(got, want, rtol=2**-6, atol=4 * 2**-8 * scale)
+
+
+def test_compiled_graphs_take_it_too() -> None:
+    """The neuron backend retargets the bf16 backward node; its gradients are the eager
+    op's bit for bit (the same float32 kernel on the same operands)."""
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 40, 16, generator=g, dtype=torch.bfloat16) for _ in range(3))
+
+    def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    grads = {}
+    for name, fn in (
+        ("eager", attention),
+        ("compiled", torch.compile(attention, backend="neuron")),
+    ):
+        leaves = [t.detach().to(DEVICE).requires_grad_() for t in (q, k, v)]
+        before = widened_runs()
+        fn(*leaves).float().square().sum().backward()
+        assert widened_runs() - before == (1 if HOST_LACKS_BF16 else 0), name
+        grads[name] = [t.grad.cpu() for t in leaves]
+    for got, want in zip(grads["compiled"], grads["eager"], strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -37,7 +37,7 @@ import torch.fx
 from . import _C
 from .cache_trust import make_private_dirs
 from .compile_rewrites import rewrite_silu_mul
-from .native_attention import use_native_decode_attention
+from .native_attention import use_native_decode_attention, use_widened_attention_backward
 from .native_gemm import use_native_gemm
 from .neff_cache import (
     INDUCTOR_SUBDIR,
@@ -529,6 +529,7 @@ def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kw
     FakeTensorProp(gm, mode=fake_mode).propagate_dont_convert_inputs(*host_inputs)
     use_native_gemm(gm)  # matmuls: the native GEMM instead of the CPU's
     use_native_decode_attention(gm)  # decode attention: the native kernel (native_attention.py)
+    use_widened_attention_backward(gm)  # bf16 attention backward: float32 where bf16 is emulated
     compiled = _compile_host_graph(gm, host_inputs, kwargs)
     with metrics.lock:
         metrics.host_graphs += 1

@@ -7,7 +7,10 @@ kernel. :func:`use_native_decode_attention` retargets the nodes whose queries ha
 8 rows (a decode step against a static KV cache: the path Transformers compiles on neuron)
 to ``torchneuron::native_sdpa_decode`` (C++, csrc/aten/native_attention_decode.cpp), which
 runs the native kernel where it applies and the CPU kernel otherwise. The eager neuron op
-takes the same kernel. ``TORCHNEURON_NATIVE_KERNELS=0`` leaves graphs alone.
+takes the same kernel. :func:`use_widened_attention_backward` retargets bf16 backward nodes
+to ``torchneuron::sdpa_backward_widened`` (csrc/aten/attention_backward_widened.cpp), which
+on hosts without native bf16 computes large ones in float32, as the eager neuron op does.
+``TORCHNEURON_NATIVE_KERNELS=0`` leaves graphs alone.
 """
 
 from __future__ import annotations
@@ -73,6 +76,56 @@ def use_native_decode_attention(gm: torch.fx.GraphModule) -> int:
             continue
         node.target = native
         replaced += 1
+    if replaced:
+        gm.recompile()
+    return replaced
+
+
+@torch.library.register_fake("torchneuron::sdpa_backward_widened")
+def _sdpa_backward_widened_fake(
+    grad_out: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    out: torch.Tensor,
+    logsumexp: torch.Tensor,
+    dropout_p: float,
+    is_causal: bool,
+    *,
+    attn_mask: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # The CPU backward's own meta: the same shapes, dtypes and strides.
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        grad_out,
+        query,
+        key,
+        value,
+        out,
+        logsumexp,
+        dropout_p,
+        is_causal,
+        attn_mask=attn_mask,
+        scale=scale,
+    )
+
+
+def use_widened_attention_backward(gm: torch.fx.GraphModule) -> int:
+    """Points the graph's bf16 CPU flash-attention backward nodes at
+    ``torchneuron::sdpa_backward_widened`` (which keeps the CPU kernel where widening does not
+    pay); returns how many."""
+    if not native_kernels_enabled():
+        return 0
+    backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+    widened = torch.ops.torchneuron.sdpa_backward_widened.default
+    replaced = 0
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is not backward:
+            continue
+        query = node.args[1].meta.get("val") if isinstance(node.args[1], torch.fx.Node) else None
+        if isinstance(query, torch.Tensor) and query.dtype == torch.bfloat16:
+            node.target = widened
+            replaced += 1
     if replaced:
         gm.recompile()
     return replaced
