@@ -16,6 +16,7 @@ on hosts without native bf16 computes large ones in float32, as the eager neuron
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 
 import torch
 import torch.fx
@@ -51,34 +52,52 @@ def _logsumexp_used(node: torch.fx.Node) -> bool:
     )
 
 
-def use_native_decode_attention(gm: torch.fx.GraphModule) -> int:
-    """Points the graph's decode-sized CPU flash attention nodes at the native kernel; returns
-    how many."""
+def _retarget(
+    gm: torch.fx.GraphModule,
+    source: object,
+    target: object,
+    query_at: int,
+    accept: Callable[[torch.fx.Node, torch.Tensor], bool],
+) -> int:
+    """Points the graph's ``source`` nodes whose query (argument ``query_at``, by its fake
+    value) ``accept`` takes at ``target``; returns how many."""
     if not native_kernels_enabled():
         return 0
-    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
-    native = torch.ops.torchneuron.native_sdpa_decode.default
     replaced = 0
     for node in gm.graph.nodes:
-        if node.op != "call_function" or node.target is not flash:
+        if node.op != "call_function" or node.target is not source:
             continue
-        query = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
-        if not isinstance(query, torch.Tensor) or query.dtype not in _NATIVE_DTYPES:
-            continue
-        if query.dim() != 4 or not isinstance(query.shape[2], int):
-            continue
-        rows = query.shape[2]
-        if rows > _MAX_QUERY_ROWS:
-            continue
-        # As the eager op decides: several float32 rows whose logsumexp feeds a backward keep
-        # the CPU kernel (a backward from the native forward missed the CPU's by 7e-5 once).
-        if query.dtype == torch.float32 and rows > 1 and _logsumexp_used(node):
-            continue
-        node.target = native
-        replaced += 1
+        arg = node.args[query_at]
+        query = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+        if isinstance(query, torch.Tensor) and accept(node, query):
+            node.target = target
+            replaced += 1
     if replaced:
         gm.recompile()
     return replaced
+
+
+def _decode_sized(node: torch.fx.Node, query: torch.Tensor) -> bool:
+    if query.dtype not in _NATIVE_DTYPES or query.dim() != 4:
+        return False
+    rows = query.shape[2]
+    if not isinstance(rows, int) or rows > _MAX_QUERY_ROWS:
+        return False
+    # As the eager op decides: several float32 rows whose logsumexp feeds a backward keep
+    # the CPU kernel (a backward from the native forward missed the CPU's by 7e-5 once).
+    return not (query.dtype == torch.float32 and rows > 1 and _logsumexp_used(node))
+
+
+def use_native_decode_attention(gm: torch.fx.GraphModule) -> int:
+    """Points the graph's decode-sized CPU flash attention nodes at the native kernel; returns
+    how many."""
+    return _retarget(
+        gm,
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,
+        torch.ops.torchneuron.native_sdpa_decode.default,
+        0,
+        _decode_sized,
+    )
 
 
 @torch.library.register_fake("torchneuron::sdpa_backward_widened")
@@ -114,18 +133,10 @@ def use_widened_attention_backward(gm: torch.fx.GraphModule) -> int:
     """Points the graph's bf16 CPU flash-attention backward nodes at
     ``torchneuron::sdpa_backward_widened`` (which keeps the CPU kernel where widening does not
     pay); returns how many."""
-    if not native_kernels_enabled():
-        return 0
-    backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
-    widened = torch.ops.torchneuron.sdpa_backward_widened.default
-    replaced = 0
-    for node in gm.graph.nodes:
-        if node.op != "call_function" or node.target is not backward:
-            continue
-        query = node.args[1].meta.get("val") if isinstance(node.args[1], torch.fx.Node) else None
-        if isinstance(query, torch.Tensor) and query.dtype == torch.bfloat16:
-            node.target = widened
-            replaced += 1
-    if replaced:
-        gm.recompile()
-    return replaced
+    return _retarget(
+        gm,
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+        torch.ops.torchneuron.sdpa_backward_widened.default,
+        1,
+        lambda _node, query: query.dtype == torch.bfloat16,
+    )
