@@ -10,13 +10,15 @@
 //    CPU does;
 //  - an LSTM over padded float32/bfloat16 input (float16 without grad) without projections
 //    runs one aten::mkldnn_rnn_layer per layer and direction when oneDNN is enabled, as the
-//    CPU does: its CPU kernel runs over device memory like every other op, and its
+//    CPU does (but under bf16 autocast on hosts where oneDNN has no bf16 LSTM, where the
+//    CPU raises): its CPU kernel runs over device memory like every other op, and its
 //    derivatives.yaml entry gives backward (and double backward) as on the CPU;
 //  - dropout between layers uses the CPU's formula (bernoulli_ noise, divided by 1 - p),
 //    drawn from the device generator, so equal seeds give equal masks.
 // The kernels are registered for the autograd key as well as the backend key: the ATen ops
 // inside record the autograd graph themselves, exactly as the CPU's composite does.
 #include <ATen/Config.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/native/RNN.h>
 #include <ATen/ops/mkldnn_rnn_layer.h>
@@ -256,6 +258,13 @@ bool cpu_uses_onednn(const at::Tensor& input, at::TensorList params, at::TensorL
   }
   static const bool bf16 = onednn_query("mkldnn::_is_mkldnn_bf16_supported");
   static const bool fp16 = onednn_query("mkldnn::_is_mkldnn_fp16_supported");
+  // Under autocast, mkldnn_rnn_layer is cast to bf16 whatever the input's dtype, and oneDNN
+  // has no bf16 LSTM below AVX-512: the CPU raises "could not create a primitive descriptor"
+  // there. neuron takes the other path instead, as the CPU does with oneDNN off.
+  if (!bf16 && at::autocast::is_autocast_enabled(input.device().type()) &&
+      at::autocast::get_autocast_dtype(input.device().type()) == at::kBFloat16) {
+    return false;
+  }
   const at::ScalarType dtype = input.scalar_type();
   const bool dtype_ok = dtype == at::kFloat || (dtype == at::kBFloat16 && bf16) ||
                         (dtype == at::kHalf && !at::GradMode::is_enabled() && fp16);
