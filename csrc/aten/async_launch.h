@@ -152,21 +152,29 @@ c10::DeviceIndex first_device(const Args&... args) {
   return device;
 }
 
-// At the top of a neuron kernel with one tensor result (at::_ops::<op> `Op`): launches the
-// call asynchronously when it can and returns its result; otherwise waits for launched work
-// and returns nullopt, and the kernel runs inline.
+// At the top of a neuron kernel (at::_ops::<op> `Op`): launches the call asynchronously when
+// it can and returns its results as a stack; otherwise waits for launched work and returns
+// nullopt, and the kernel runs inline.
 template <class Op, class... Args>
-std::optional<at::Tensor> launch_or_wait(const Args&... args) {
+std::optional<torch::jit::Stack> launch_results_or_wait(const Args&... args) {
   const c10::DeviceIndex device = first_device(args...);
   if (device >= 0 && async_candidate(tensor_bytes(args...))) {
     static const c10::OperatorHandle handle =
         c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
     if (auto results = launch_async_unboxed<const Args&...>(handle, device, args...)) {
-      return std::move((*results)[0]).toTensor();
+      return results;
     }
   }
   wait_for_device_work();
   return std::nullopt;
+}
+
+// launch_results_or_wait for a kernel with one tensor result.
+template <class Op, class... Args>
+std::optional<at::Tensor> launch_or_wait(const Args&... args) {
+  auto results = launch_results_or_wait<Op>(args...);
+  if (!results) return std::nullopt;
+  return std::move((*results)[0]).toTensor();
 }
 
 }  // namespace torchneuron

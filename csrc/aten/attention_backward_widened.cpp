@@ -75,22 +75,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_backward(
     return widened_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal,
                             attn_mask, scale);
   }
-  const c10::DeviceIndex device = first_device(grad_out, query, key, value, out, logsumexp);
-  if (device >= 0 &&
-      async_candidate(tensor_bytes(grad_out, query, key, value, out, logsumexp, attn_mask))) {
-    static const c10::OperatorHandle handle =
-        c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
-    if (auto results =
-            launch_async_unboxed<const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                 const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
-                                 bool, const std::optional<at::Tensor>&, std::optional<double>>(
-                handle, device, grad_out, query, key, value, out, logsumexp, dropout_p, is_causal,
-                attn_mask, scale)) {
-      return {std::move((*results)[0]).toTensor(), std::move((*results)[1]).toTensor(),
-              std::move((*results)[2]).toTensor()};
-    }
+  if (auto results = launch_results_or_wait<Op>(grad_out, query, key, value, out, logsumexp,
+                                                dropout_p, is_causal, attn_mask, scale)) {
+    return {std::move((*results)[0]).toTensor(), std::move((*results)[1]).toTensor(),
+            std::move((*results)[2]).toTensor()};
   }
-  wait_for_device_work();
   return at::native::call_fallback_fn<&run_on_host_kernels_boxed, Op>::call(
       grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, attn_mask, scale);
 }

@@ -184,18 +184,10 @@ std::tuple<at::Tensor, at::Tensor> flash_attention(const at::Tensor& query, cons
                                                    bool is_causal,
                                                    const std::optional<at::Tensor>& attn_mask,
                                                    std::optional<double> scale) {
-  const c10::DeviceIndex device = first_device(query, key, value);
-  if (device >= 0 && async_candidate(tensor_bytes(query, key, value, attn_mask))) {
-    static const c10::OperatorHandle handle =
-        c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
-    if (auto results =
-            launch_async_unboxed<const at::Tensor&, const at::Tensor&, const at::Tensor&, double,
-                                 bool, const std::optional<at::Tensor>&, std::optional<double>>(
-                handle, device, query, key, value, dropout_p, is_causal, attn_mask, scale)) {
-      return {std::move((*results)[0]).toTensor(), std::move((*results)[1]).toTensor()};
-    }
+  if (auto results =
+          launch_results_or_wait<Op>(query, key, value, dropout_p, is_causal, attn_mask, scale)) {
+    return {std::move((*results)[0]).toTensor(), std::move((*results)[1]).toTensor()};
   }
-  wait_for_device_work();
   static OpCounter& executed = op_counter_named(Op::name);
   static std::atomic<uint64_t>& runs = native_kernel_counter(Op::name);
   const NativeInputs in =

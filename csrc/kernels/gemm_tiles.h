@@ -195,7 +195,7 @@ struct GemmTiles {
     // staging tile; its scale and bias are applied there after the last k slice. Short-k
     // products (a weight gradient over few tokens) are otherwise dominated by that extra
     // pass over the output.
-    const bool direct_out = std::is_same_v<E, float> && p.k > 0 && p.c_col_stride == 1;
+    const bool direct_out = is_f32 && p.k > 0 && p.c_col_stride == 1;
     const int64_t mc_full = mc - mc % MR, nc_full = nc - nc % NR;
     reserve_scratch(s.a, mcp * KC);
     reserve_scratch(s.b, ncp * KC);
@@ -211,10 +211,15 @@ struct GemmTiles {
       if (a_full < mc) {
         pack_a(a_k + a_full * lda, lda, p.a.col_stride, mc - a_full, kc, s.a.data() + a_full * kc);
       }
-      if constexpr (!is_f32) widen_rows(a_k, lda, a_full, kc, s.a.data());
       // Where the row-major rows are read: in place (float32) or widened, row stride kc.
-      const float* a_row_data = is_f32 ? reinterpret_cast<const float*>(a_k) : s.a.data();
-      const int64_t a_ld = is_f32 ? lda : kc;
+      const float* a_row_data = s.a.data();
+      int64_t a_ld = kc;
+      if constexpr (is_f32) {
+        a_row_data = a_k;
+        a_ld = lda;
+      } else {
+        widen_rows(a_k, lda, a_full, kc, s.a.data());
+      }
       if (!b_direct) pack_b(b_k, ldb, p.b.col_stride, kc, nc, s.b.data());
       for (int64_t jr = 0; jr < ncp; jr += NR) {
         for (int64_t ir = 0; ir < mcp; ir += MR) {
@@ -248,15 +253,20 @@ struct GemmTiles {
         finish(p, bias, out, i, j, s.c[i * ncp + j]);
       }
     }
-    if constexpr (std::is_same_v<E, float>) {
-      if (bias != nullptr || p.alpha != 1.0f) scale_in_place(p, bias, out, mc_full, nc_full);
+    // The whole register tiles' scale and bias, applied in place by the same epilogue.
+    if constexpr (is_f32) {
+      if (bias != nullptr || p.alpha != 1.0f) {
+        finish_staged(p, bias, out, out, p.c_row_stride, mc_full, nc_full);
+      }
     }
   }
 
-  // A staged mc × nc tile (row stride ldc) into the output. A transposed product's output
-  // (unit row stride) is written down its columns, so the stores are contiguous; a row-major
-  // one a vector at a time (bf16 rounded to nearest even in registers). With unit scale and
-  // bias weight the epilogue is the one add, rounded once in any order.
+  // mc × nc float32 results c (row stride ldc) into the output, scaled and biased: from a
+  // staging tile, or in place (c == out, float32 results accumulated in the output). A
+  // transposed product's output (unit row stride) is written down its columns, so the stores
+  // are contiguous; a row-major one a vector at a time (bf16 rounded to nearest even in
+  // registers). With unit scale and bias weight the epilogue is the one add, rounded once in
+  // any order; other forms take finish() per element.
   template <class E>
   static void finish_staged(const GemmProblem& p, const E* bias, E* out, const float* c,
                             int64_t ldc, int64_t mc, int64_t nc) {
@@ -288,26 +298,6 @@ struct GemmTiles {
     }
     for (int64_t i = 0; i < mc; ++i) {
       for (int64_t j = 0; j < nc; ++j) finish(p, bias, out, i, j, c[i * ldc + j]);
-    }
-  }
-
-  // The scale and bias of float32 results accumulated in the output. A linear layer's
-  // (unit scale and bias weight, a bias row with contiguous columns) is one vector add per
-  // vector, exactly the scalar epilogue's single rounding; other forms take that epilogue.
-  static void scale_in_place(const GemmProblem& p, const float* bias, float* c, int64_t rows,
-                             int64_t cols) {
-    const bool vector_bias =
-        bias != nullptr && p.alpha == 1.0f && p.beta == 1.0f && p.bias.col_stride == 1;
-    for (int64_t i = 0; i < rows; ++i) {
-      float* row = c + i * p.c_row_stride;
-      if (vector_bias) {
-        const float* b = bias + i * p.bias.row_stride;
-        int64_t j = 0;
-        for (; j + W <= cols; j += W) V::store(row + j, V::add(V::load(row + j), V::load(b + j)));
-        for (; j < cols; ++j) row[j] += b[j];
-      } else {
-        for (int64_t j = 0; j < cols; ++j) row[j] = scaled(p, bias, i, j, row[j]);
-      }
     }
   }
 
