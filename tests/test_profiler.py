@@ -84,7 +84,11 @@ def test_legacy_profiler_reports_device_time(capfd: pytest.CaptureFixture[str]) 
     _assert_sane_events(events, wall_us)
     averages = prof.key_averages()
     mm = _row(averages, "aten::mm")
-    assert 0 < mm.device_time_total <= mm.cpu_time_total + CLOCK_SLACK_US
+    assert 0 < mm.device_time_total <= wall_us
+    # On the launching thread the kernel lies inside its op; a stream worker runs it after the
+    # op returned, so its device time may then exceed the op's CPU time (the launch only).
+    if not _may_launch_asynchronously(2 * 128 * 128 * 4):
+        assert mm.device_time_total <= mm.cpu_time_total + CLOCK_SLACK_US
     region = _row(averages, "region")
     assert mm.device_time_total <= region.device_time_total <= wall_us
     table = averages.table(sort_by="device_time_total", row_limit=20)
