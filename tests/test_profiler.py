@@ -124,11 +124,13 @@ def test_kineto_profiler_has_neuron_kernels_inside_their_ops() -> None:
 
     averages = prof.key_averages()
     mm = _row(averages, "aten::mm")
-    assert 0 < mm.self_device_time_total <= mm.cpu_time_total + CLOCK_SLACK_US
+    assert 0 < mm.self_device_time_total <= wall_us
     assert _row(averages, "aten::mm", DeviceType.PrivateUse1).count == 1
     region = _row(averages, "region")
-    assert mm.device_time_total <= region.device_time_total
-    assert region.device_time_total <= region.cpu_time_total + CLOCK_SLACK_US
+    assert mm.device_time_total <= region.device_time_total <= wall_us
+    if not _may_launch_asynchronously(2 * 128 * 128 * 4):
+        assert mm.self_device_time_total <= mm.cpu_time_total + CLOCK_SLACK_US
+        assert region.device_time_total <= region.cpu_time_total + CLOCK_SLACK_US
     table = averages.table(sort_by="self_device_time_total", row_limit=20)
     assert "aten::mm" in table and "Self NEURON" in table
 
