@@ -230,6 +230,8 @@ bool on_stream_worker() { return tls_on_worker; }
 
 bool launched_work_pending() { return g_pending.load(std::memory_order_acquire) != 0; }
 
+bool device_work_pending() { return g_pending.load(std::memory_order_acquire) != 0; }
+
 bool async_candidate(size_t argument_bytes) {
   if (!async_launches() || tls_on_worker) return false;
   // A memory profile records allocations and frees on the thread that profiles.
@@ -258,9 +260,10 @@ WaitingWithoutGil::~WaitingWithoutGil() {
   if (saved_ != nullptr) PyEval_RestoreThread(static_cast<PyThreadState*>(saved_));
 }
 
-void wait_for_device_work() {
-  if (tls_on_worker) return;
-  if (g_pending.load(std::memory_order_acquire) != 0) {
+bool wait_for_device_work() {
+  if (tls_on_worker) return false;
+  const bool pending = g_pending.load(std::memory_order_acquire) != 0;
+  if (pending) {
     const c10::DeviceIndex count = device_count();
     nrt_status status = NRT_SUCCESS;
     {
@@ -272,6 +275,11 @@ void wait_for_device_work() {
     NEURON_CHECK(status);
   }
   raise_launch_error();
+  return pending;
+}
+
+void wait_for_device_work(OpCounter& counter) {
+  if (wait_for_device_work()) counter.synchronizing.fetch_add(1, std::memory_order_relaxed);
 }
 
 bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::DeviceIndex device,
@@ -283,11 +291,20 @@ bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::
   }
   const size_t num_args = op.schema().arguments().size();
   const size_t first = stack->size() - num_args;
-  if (plan.same_dtypes && mixes_dtypes(*stack, first)) return false;
+  if (runs_inline_for_values(plan, *stack, first)) return false;
 
   // Shapes, dtypes and strides of the results: the meta kernel's, once per signature.
   const std::shared_ptr<const LaunchSpec> spec = launch_spec_for(op, plan, *stack, first, device);
   if (spec->inline_only) return false;
+  if (!spec->resizes.empty()) {
+    // The spec is cached by geometry: check that each out= argument is still without bytes.
+    for (const OutputResize& resize : spec->resizes) {
+      if ((*stack)[first + resize.argument].toTensor().storage().nbytes() != 0) return false;
+    }
+    for (const OutputResize& resize : spec->resizes) {
+      (*stack)[first + resize.argument].toTensor().resize_(resize.sizes);
+    }
+  }
 
   auto launched = std::make_unique<LaunchedOp>(LaunchedOp{op,
                                                           &plan,

@@ -22,6 +22,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "op_tracking.h"
+
 namespace torchneuron {
 
 // Ops launch asynchronously (NEURON_LAUNCH_BLOCKING is not 1); read once per process.
@@ -30,7 +32,13 @@ bool async_launches();
 bool on_stream_worker();
 // Waits until all launched work has completed and raises the first error it hit, naming
 // the op. Costs one atomic load when nothing is pending; does nothing on a stream worker.
-void wait_for_device_work();
+// True when there was launched work to wait for.
+bool wait_for_device_work();
+// Whether launched work may still be running (on any device).
+bool device_work_pending();
+// The same for the kernel of the op `counter` counts: when it waited, the op is counted as
+// synchronizing (torch.neuron.get_synchronizing_ops()).
+void wait_for_device_work(OpCounter& counter);
 // While alive, a thread that holds Python's GIL has released it: launched work may need it
 // (dropping the last reference to a tensor that Python once saw), so a thread that waits
 // for that work while holding it would wait forever.
@@ -165,7 +173,8 @@ std::optional<torch::jit::Stack> launch_results_or_wait(const Args&... args) {
       return results;
     }
   }
-  wait_for_device_work();
+  static OpCounter& counter = op_counter_named(Op::name);
+  wait_for_device_work(counter);
   return std::nullopt;
 }
 

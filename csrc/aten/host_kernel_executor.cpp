@@ -139,7 +139,7 @@ void run_on_host_kernels(const c10::OperatorHandle& op, torch::jit::Stack* stack
   }
   const c10::DeviceIndex device = placement.device();
   if (async_candidate(argument_bytes) && launch_async(op, stack, device)) return;
-  wait_for_device_work();
+  wait_for_device_work(*plan.counter);
 
   HostAliasSet aliases;
   c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 2> written;  // (neuron tensor, alias)

@@ -136,7 +136,7 @@ struct TypedHostKernel<Op, Ret(Args...)> {
         return from_stack(*results, args...);
       }
     }
-    wait_for_device_work();
+    wait_for_device_work(counter);
     std::tuple<typename HostArg<Args>::type...> host(call.to_host(args)...);
     if constexpr (std::is_same_v<Ret, at::Tensor&>) {
       // In place: the kernel writes through the alias; the neuron argument is the result.

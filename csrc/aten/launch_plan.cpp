@@ -12,17 +12,19 @@
 namespace torchneuron {
 namespace {
 
-bool refuses_mixed_dtypes(const std::string& name) {
-  static const std::unordered_set<std::string> products = {
-      "aten::mm",
-      "aten::bmm",
-      "aten::addmm",
-      "aten::baddbmm",
-      "aten::addmv",
-      "aten::mv",
-      "aten::_scaled_dot_product_flash_attention_for_cpu",
-      "aten::_scaled_dot_product_flash_attention_for_cpu_backward"};
-  return products.count(name) != 0;
+// The leading arguments whose dtypes the op's CPU kernel requires to agree (0: none).
+size_t same_dtype_arguments(const std::string& name) {
+  static const std::unordered_map<std::string, size_t> products = {
+      {"aten::mm", 2},
+      {"aten::bmm", 2},
+      {"aten::addmm", 3},
+      {"aten::baddbmm", 3},
+      {"aten::addmv", 3},
+      {"aten::mv", 2},
+      {"aten::_scaled_dot_product_flash_attention_for_cpu", 3},            // query, key, value
+      {"aten::_scaled_dot_product_flash_attention_for_cpu_backward", 5}};  // grad_out .. out
+  auto hit = products.find(name);
+  return hit == products.end() ? 0 : hit->second;
 }
 
 // Ops whose meta kernel is known to describe exactly what the CPU kernel computes: every
@@ -72,6 +74,7 @@ bool meta_matches_cpu(const c10::OperatorHandle& op) {
       "nll_loss_forward",
       "nll_loss_backward",
       "topk",
+      "isin",
       "repeat",
       "select_backward",
       "slice_backward",
@@ -104,12 +107,27 @@ std::unique_ptr<AsyncPlan> make_plan(const c10::OperatorHandle& op) {
   const c10::FunctionSchema& schema = op.schema();
   plan->name = c10::toString(schema.operator_name());
   if (!meta_matches_cpu(op)) plan->eligible = false;
-  plan->same_dtypes = refuses_mixed_dtypes(schema.name());
+  plan->same_dtype_arguments = same_dtype_arguments(schema.name());
+  if (plan->same_dtype_arguments > 0) {
+    const auto mask = schema.argumentIndexWithName("attn_mask");
+    if (mask.has_value()) plan->mask_argument = static_cast<int>(*mask);
+  }
   // Shapes that depend on data, random draws (the generator's state is read on the host)
   // and ops that change a tensor's geometry in place run inline.
   for (at::Tag tag : {at::Tag::dynamic_output_shape, at::Tag::data_dependent_output,
-                      at::Tag::nondeterministic_seeded, at::Tag::inplace_view}) {
+                      at::Tag::inplace_view}) {
     if (op.hasTag(tag)) plan->eligible = false;
+  }
+  if (op.hasTag(at::Tag::nondeterministic_seeded)) {
+    // Attention is tagged seeded for its dropout alone: without dropout it draws nothing
+    // and launches like any op (launch_async checks the value).
+    const auto dropout = schema.argumentIndexWithName("dropout_p");
+    if (dropout.has_value() && unwrap_optional(schema.arguments()[*dropout].real_type())->kind() ==
+                                   c10::TypeKind::FloatType) {
+      plan->dropout_argument = static_cast<int>(*dropout);
+    } else {
+      plan->eligible = false;
+    }
   }
   for (const auto& argument : schema.arguments()) {
     const c10::TypeKind kind = unwrap_optional(argument.real_type())->kind();
@@ -125,6 +143,9 @@ std::unique_ptr<AsyncPlan> make_plan(const c10::OperatorHandle& op) {
   SchemaArguments described = schema_arguments(schema);
   plan->is_written = std::move(described.is_written);
   plan->allows_host = std::move(described.allows_host);
+  // copy_ from the host: its source is snapshotted at launch, and the meta kernel only
+  // checks shapes (native_ops.cpp launches such copies while work is pending).
+  if (schema.name() == "aten::copy_") plan->allows_host[1] = true;
   plan->return_aliases = std::move(described.return_aliases);
   return plan;
 }
@@ -145,13 +166,25 @@ AsyncPlan& plan_for(const c10::OperatorHandle& op) {
   return *slot;
 }
 
-bool mixes_dtypes(const torch::jit::Stack& stack, size_t first) {
+bool runs_inline_for_values(const AsyncPlan& plan, const torch::jit::Stack& stack, size_t first) {
   std::optional<c10::ScalarType> seen;
-  for (size_t i = first; i < stack.size(); ++i) {
+  for (size_t i = first; i < stack.size() && i < first + plan.same_dtype_arguments; ++i) {
     if (!stack[i].isTensor() || !stack[i].toTensor().defined()) continue;
     const c10::ScalarType type = stack[i].toTensor().scalar_type();
     if (seen && *seen != type) return true;
     seen = type;
+  }
+  if (plan.mask_argument >= 0) {
+    const c10::IValue& mask = stack[first + static_cast<size_t>(plan.mask_argument)];
+    if (mask.isTensor() && mask.toTensor().defined()) {
+      const c10::ScalarType type = mask.toTensor().scalar_type();
+      if (type != c10::ScalarType::Float && (!seen || type != *seen)) return true;
+      if (mask.toTensor().dim() != 2 && mask.toTensor().dim() != 4) return true;
+    }
+  }
+  if (plan.dropout_argument >= 0) {
+    const c10::IValue& dropout_p = stack[first + static_cast<size_t>(plan.dropout_argument)];
+    if (!dropout_p.isDouble() || dropout_p.toDouble() != 0.0) return true;
   }
   return false;
 }

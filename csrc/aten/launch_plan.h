@@ -20,9 +20,16 @@ struct AsyncPlan {
   std::string name;
   std::atomic<int> meta_failures{0};        // after a few, the op stays on the inline path
   std::atomic<bool> meta_disagreed{false};  // a result's shape was not the meta kernel's
-  // The CPU kernel refuses tensor arguments of different dtypes, which the meta kernel
-  // does not check: such calls run inline, so the error comes from the call.
-  bool same_dtypes = false;
+  // The CPU kernel refuses its first `same_dtype_arguments` arguments (tensors) in
+  // different dtypes, which the meta kernel does not check: such calls run inline, so the
+  // error comes from the call. Others (saved float32 statistics) may differ.
+  size_t same_dtype_arguments = 0;
+  // An attention mask argument, which the CPU kernel takes in float32 or the first
+  // argument's dtype, and with 2 or 4 dimensions, only (-1: none).
+  int mask_argument = -1;
+  // A seeded op whose only randomness is dropout: the index of its dropout_p argument, and
+  // calls with a dropout_p other than 0 run inline (-1: not such an op).
+  int dropout_argument = -1;
 };
 
 // After this many meta kernel failures an op stays on the inline path.
@@ -31,7 +38,8 @@ constexpr int kMetaFailuresBeforeGivingUp = 8;
 // The op's plan (made on first use; shared by all threads).
 AsyncPlan& plan_for(const c10::OperatorHandle& op);
 
-// Whether the call's tensor arguments have different dtypes.
-bool mixes_dtypes(const torch::jit::Stack& stack, size_t first);
+// Whether a call (arguments on `stack` from index `first`) must run inline for its argument
+// values: dtypes the CPU kernel refuses (so its error comes from the call), or dropout.
+bool runs_inline_for_values(const AsyncPlan& plan, const torch::jit::Stack& stack, size_t first);
 
 }  // namespace torchneuron

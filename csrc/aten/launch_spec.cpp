@@ -19,12 +19,14 @@ class MetaArguments {
  public:
   explicit MetaArguments(c10::DeviceIndex device) : device_(device) {}
 
-  // The meta form of `value`; false when the op cannot launch asynchronously.
-  bool convert(const c10::IValue& value, bool written, bool host_allowed, c10::IValue* out) {
+  // The meta form of argument `index`, `value`; false when the op cannot launch
+  // asynchronously.
+  bool convert(size_t index, const c10::IValue& value, bool written, bool host_allowed,
+               c10::IValue* out) {
     host_allowed_ = host_allowed;
     if (value.isTensor()) {
       at::Tensor meta;
-      if (!tensor(value.toTensor(), written, &meta)) return false;
+      if (!tensor(value.toTensor(), written, &meta, index)) return false;
       *out = std::move(meta);
     } else if (value.isTensorList()) {
       c10::List<at::Tensor> list;
@@ -56,15 +58,25 @@ class MetaArguments {
     return true;
   }
 
-  // After the meta kernel: whether every written argument kept its geometry and storage
-  // (a resize or re-pointing must run inline, where write-back carries it over).
-  bool written_unchanged() const {
-    for (const auto& [meta, original] : written_) {
-      if (!same_geometry(meta, original) ||
-          meta.storage().nbytes() != original.storage().nbytes() ||
-          meta.storage().unsafeGetStorageImpl() != storage_for(original)) {
-        return false;
+  // After the meta kernel: whether every written argument kept its geometry and storage, or
+  // is an empty out= tensor argument the kernel resized (added to `resizes`, for the caller
+  // to resize first). Other resizes and re-pointing must run inline, where write-back
+  // carries them over.
+  bool written_allow_launch(std::vector<OutputResize>* resizes) const {
+    for (const auto& [meta, original, index] : written_) {
+      const bool same_storage = meta.storage().unsafeGetStorageImpl() == storage_for(original);
+      if (same_storage && same_geometry(meta, original) &&
+          meta.storage().nbytes() == original.storage().nbytes()) {
+        continue;
       }
+      // Composite ops (arange, ...) allocate an empty result and call the out= variant. An
+      // empty storage cannot be in use by launched work, so resizing it on the calling
+      // thread is safe, and the meta kernel's contiguous result is what resize_ makes.
+      const bool fresh_output = index != kInList && original.storage().nbytes() == 0 &&
+                                original.storage_offset() == 0 && meta.storage_offset() == 0 &&
+                                meta.is_contiguous();
+      if (!same_storage || !fresh_output) return false;
+      resizes->push_back({index, meta.sizes().vec()});
     }
     return true;
   }
@@ -78,7 +90,9 @@ class MetaArguments {
   }
 
  private:
-  bool tensor(const at::Tensor& t, bool written, at::Tensor* out) {
+  static constexpr size_t kInList = static_cast<size_t>(-1);
+
+  bool tensor(const at::Tensor& t, bool written, at::Tensor* out, size_t index = kInList) {
     if (!t.defined()) {
       *out = t;
       return true;
@@ -108,7 +122,7 @@ class MetaArguments {
     at::Tensor meta = at::detail::make_tensor<c10::TensorImpl>(
         std::move(storage), c10::DispatchKeySet(c10::DispatchKey::Meta), t.dtype());
     meta.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
-    if (written) written_.emplace_back(meta, t);
+    if (written) written_.push_back({meta, t, index});
     *out = std::move(meta);
     return true;
   }
@@ -125,7 +139,11 @@ class MetaArguments {
   c10::DeviceIndex device_;
   bool host_allowed_ = false;  // the argument being converted accepts host tensors
   c10::SmallVector<std::pair<const c10::StorageImpl*, c10::Storage>, 4> storages_;
-  c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 2> written_;  // (meta, neuron original)
+  struct Written {
+    at::Tensor meta, original;  // the neuron original
+    size_t index;               // its argument, or kInList
+  };
+  c10::SmallVector<Written, 2> written_;
 };
 
 // Why a cache: PyTorch registers Python meta kernels over the C++ ones
@@ -268,7 +286,8 @@ std::shared_ptr<const LaunchSpec> spec_from_meta(const c10::OperatorHandle& op, 
   meta.reserve(num_args);
   for (size_t i = 0; i < num_args; ++i) {
     c10::IValue converted;
-    if (!arguments.convert(stack[first + i], plan.is_written[i], plan.allows_host[i], &converted)) {
+    if (!arguments.convert(i, stack[first + i], plan.is_written[i], plan.allows_host[i],
+                           &converted)) {
       return spec;
     }
     meta.push_back(std::move(converted));
@@ -280,7 +299,7 @@ std::shared_ptr<const LaunchSpec> spec_from_meta(const c10::OperatorHandle& op, 
     plan.meta_failures.fetch_add(1, std::memory_order_relaxed);
     return spec;
   }
-  if (!arguments.written_unchanged()) return spec;
+  if (!arguments.written_allow_launch(&spec->resizes)) return spec;
   c10::SmallVector<const c10::StorageImpl*, 4> seen;
   for (size_t j = 0; j < meta.size(); ++j) {
     ResultSpec result;

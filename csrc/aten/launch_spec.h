@@ -29,10 +29,18 @@ struct ResultSpec {
   std::vector<TensorSpec> tensors;
 };
 
+// An out= argument the op resizes: it arrives empty (no bytes) and the caller resizes it to
+// `sizes` (contiguous) before the launch, so the kernel finds it sized and only writes it.
+struct OutputResize {
+  size_t argument = 0;
+  std::vector<int64_t> sizes;
+};
+
 // An op's results for one argument signature, or the verdict that it runs inline.
 struct LaunchSpec {
   bool inline_only = false;
   std::vector<ResultSpec> results;
+  std::vector<OutputResize> resizes;
 };
 
 // The results of calling `op` with the arguments on `stack` (from `first`) on `device`, or a

@@ -92,7 +92,8 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
                                        static_cast<size_t>(self.storage_offset()));
   c10::StorageImpl* storage = impl->storage().unsafeGetStorageImpl();
   if (needed > storage->nbytes()) {
-    wait_for_device_work();  // launched work may still use the old memory
+    // Launched work may still use the old memory (an empty storage has none to use).
+    if (storage->nbytes() > 0) wait_for_device_work(counter);
     try {
       resize_device_storage(storage, needed);
     } catch (...) {
@@ -144,7 +145,7 @@ at::Tensor& set_empty(at::Tensor& self) {
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
   static OpCounter& counter = op_counter_named("aten::_copy_from");
   count(counter);
-  wait_for_device_work();
+  wait_for_device_work(counter);
   HostAliasSet aliases;
   const at::Tensor src_host = is_device_tensor(self) ? aliases.alias(self) : self;
   const at::Tensor dst_host = is_device_tensor(dst) ? aliases.alias(dst) : dst;
@@ -163,9 +164,11 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
 // copy_ once over the aliases does the work once (half the cost of a small copy).
 at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
   if (self.is_same(src)) return self;
-  // Into device memory it can run later (a host source is snapshotted); out of it, the
-  // host reads the values now, so launched work completes first.
-  if (is_device_tensor(self) && async_candidate(self.nbytes() + src.nbytes())) {
+  // Into device memory it can run later; out of it, the host reads the values now, so
+  // launched work completes first. A host source is snapshotted (one more copy), which only
+  // pays while work is pending: otherwise the copy runs inline at once.
+  if (is_device_tensor(self) && async_candidate(self.nbytes() + src.nbytes()) &&
+      (is_device_tensor(src) || device_work_pending())) {
     static const c10::OperatorHandle handle =
         c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy_", "");
     if (launch_async_unboxed<at::Tensor&, const at::Tensor&, bool>(handle, self.device().index(),
@@ -173,8 +176,8 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
       return self;
     }
   }
-  wait_for_device_work();
   static OpCounter& counter = op_counter_named("aten::copy_");
+  wait_for_device_work(counter);
   count(counter);
   HostAliasSet aliases;
   at::Tensor dst_host = is_device_tensor(self) ? aliases.alias(self) : self;
@@ -204,7 +207,7 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 at::Scalar local_scalar_dense(const at::Tensor& self) {
   static OpCounter& counter = op_counter_named("aten::_local_scalar_dense");
   count(counter);
-  wait_for_device_work();
+  wait_for_device_work(counter);
   HostAliasSet aliases;
   const DeviceActivitySpan span(DeviceActivityKind::kMemcpy, memcpy_activity_name(true, false),
                                 self.device().index());
@@ -247,7 +250,7 @@ at::Tensor histc(const at::Tensor& self, int64_t bins, const at::Scalar& min,
   if (at::isIntegralType(self.scalar_type(), /*includeBool=*/true)) {
     return at::histc(self.to(at::kDouble), bins, min, max).to(self.scalar_type());
   }
-  wait_for_device_work();
+  wait_for_device_work(counter);
   const c10::DeviceIndex device = self.device().index();
   HostAliasSet aliases;
   at::Tensor host_self = aliases.alias(self);

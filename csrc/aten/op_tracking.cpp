@@ -67,12 +67,15 @@ std::map<std::string, uint64_t> executed_ops() { return collect(&OpCounter::exec
 
 std::map<std::string, uint64_t> fallback_ops() { return collect(&OpCounter::fallback); }
 
+std::map<std::string, uint64_t> synchronizing_ops() { return collect(&OpCounter::synchronizing); }
+
 void clear_op_tracking() {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);
   for (auto& [key, counter] : r.by_key) {
     counter->executed.store(0, std::memory_order_relaxed);
     counter->fallback.store(0, std::memory_order_relaxed);
+    counter->synchronizing.store(0, std::memory_order_relaxed);
   }
 }
 

@@ -167,6 +167,10 @@ PYBIND11_MODULE(_C, m) {
     torchneuron::wait_for_device_work();
     return torchneuron::fallback_ops();
   });
+  m.def("_synchronizing_ops", [] {
+    torchneuron::wait_for_device_work();
+    return torchneuron::synchronizing_ops();
+  });
   m.def("_clear_op_tracking", [] {
     torchneuron::wait_for_device_work();
     torchneuron::clear_op_tracking();

@@ -58,6 +58,7 @@ from .tracking import (
     get_dynamo_metrics,
     get_executed_ops,
     get_fallback_ops,
+    get_synchronizing_ops,
     reset_dynamo_metrics,
 )
 
@@ -102,6 +103,7 @@ __all__ = [
     "get_dynamo_metrics",
     "get_executed_ops",
     "get_fallback_ops",
+    "get_synchronizing_ops",
     "get_rng_state",
     "get_rng_state_all",
     "init",

@@ -17,6 +17,17 @@ def get_fallback_ops() -> dict[str, int]:
     return dict(_C._fallback_ops())
 
 
+def get_synchronizing_ops() -> dict[str, int]:
+    """Op name -> number of times it waited for launched work since the last clear.
+
+    Such an op ran on the calling thread after the device's queued work had finished (it
+    reads device data on the host, as ``.item()`` and ``.cpu()`` do, or it cannot run
+    asynchronously), so Python stopped running ahead of the device there. Few of them in a
+    loop means launches overlap with compute; many point at what to avoid or report.
+    """
+    return dict(_C._synchronizing_ops())
+
+
 def clear_op_tracking() -> None:
     _C._clear_op_tracking()
 
