@@ -18,6 +18,13 @@ struct Avx2Vec {
     const __m128i half = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(half), 16));
   }
+  // 16 bf16 as 8 pairs: even-indexed elements to *even, odd-indexed to *odd (one shift or
+  // mask each, where load widens 8 with a shuffle and a shift).
+  static void load_pairs(const uint16_t* p, Reg* even, Reg* odd) {
+    const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    *even = _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+    *odd = _mm256_castsi256_ps(_mm256_and_si256(v, _mm256_set1_epi32(-65536)));
+  }
   static void store(float* p, Reg v) { _mm256_storeu_ps(p, v); }
   // Rounded to nearest even, NaN → 0x7FC0, as float_to_bf16_rne.
   static void store(uint16_t* p, Reg v) {

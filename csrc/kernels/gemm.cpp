@@ -20,6 +20,10 @@ struct ScalarVec {
   static Reg zero() { return 0.0f; }
   static Reg load(const float* p) { return *p; }
   static Reg load(const uint16_t* p) { return bf16_to_float(*p); }
+  static void load_pairs(const uint16_t* p, Reg* even, Reg* odd) {
+    *even = bf16_to_float(p[0]);
+    *odd = bf16_to_float(p[1]);
+  }
   static void store(float* p, Reg v) { *p = v; }
   static void store(uint16_t* p, Reg v) { *p = float_to_bf16_rne(v); }
   static Reg set1(float v) { return v; }

@@ -315,6 +315,10 @@ struct GemmTiles {
   // accumulators per activation row break the chain of dependent FMAs.
   template <class E, int MB>
   static void gemv_row(const float* x, int64_t k, const E* w, float* dots) {
+    if constexpr (std::is_same_v<E, uint16_t>) {
+      gemv_row_pairs<MB>(x, k, w, dots);
+      return;
+    }
     constexpr int U = MB >= 4 ? 1 : 4 / MB;
     typename V::Reg acc[MB][U];
 #pragma GCC unroll 8
@@ -344,6 +348,57 @@ struct GemmTiles {
       float tail = 0.0f;
       for (int64_t t = kk; t < k; ++t) tail += x[r * k + t] * to_f32(w[t]);
       dots[r] = V::sum(sum) + tail;
+    }
+  }
+
+  // gemv_row for bf16 W, read 2W elements at a time as W pairs (V::load_pairs): widening
+  // element by element made the GEMV compute-bound on hosts without bf16 instructions. The
+  // activation rows come laid out to match (split_pairs); the tail past the last whole
+  // block stays in order.
+  template <int MB>
+  static void gemv_row_pairs(const float* x, int64_t k, const uint16_t* w, float* dots) {
+    constexpr int64_t B = 2 * W;        // elements per block
+    constexpr int P = MB == 1 ? 2 : 1;  // blocks per step: 4 independent chains at MB = 1
+    typename V::Reg acc[MB][2 * P];
+#pragma GCC unroll 8
+    for (int r = 0; r < MB; ++r) {
+#pragma GCC unroll 4
+      for (int u = 0; u < 2 * P; ++u) acc[r][u] = V::zero();
+    }
+    auto block = [&](int64_t kk, int u) {
+      typename V::Reg even, odd;
+      V::load_pairs(w + kk, &even, &odd);
+#pragma GCC unroll 8
+      for (int r = 0; r < MB; ++r) {
+        acc[r][u] = V::fma(V::load(x + r * k + kk), even, acc[r][u]);
+        acc[r][u + 1] = V::fma(V::load(x + r * k + kk + W), odd, acc[r][u + 1]);
+      }
+    };
+    int64_t kk = 0;
+    for (; kk + P * B <= k; kk += P * B) {
+#pragma GCC unroll 2
+      for (int q = 0; q < P; ++q) block(kk + q * B, 2 * q);
+    }
+    for (; kk + B <= k; kk += B) block(kk, 0);
+    for (int r = 0; r < MB; ++r) {
+      typename V::Reg sum = acc[r][0];
+      for (int u = 1; u < 2 * P; ++u) sum = V::add(sum, acc[r][u]);
+      float tail = 0.0f;
+      for (int64_t t = kk; t < k; ++t) tail += x[r * k + t] * to_f32(w[t]);
+      dots[r] = V::sum(sum) + tail;
+    }
+  }
+
+  // The layout gemv_row_pairs reads activations in: each whole block of 2W floats of a row
+  // as its W even-indexed elements, then its W odd-indexed ones.
+  static void split_pairs(float* row, int64_t k) {
+    float block[2 * W];
+    for (int64_t b = 0; b + 2 * W <= k; b += 2 * W) {
+      for (int i = 0; i < W; ++i) {
+        block[i] = row[b + 2 * i];
+        block[W + i] = row[b + 2 * i + 1];
+      }
+      std::copy(block, block + 2 * W, row + b);
     }
   }
 
@@ -396,6 +451,7 @@ struct GemmTiles {
             for (int64_t kk = 0; kk < p.k; ++kk) {
               x[i * p.k + kk] = to_f32(a[i * p.a.row_stride + kk * p.a.col_stride]);
             }
+            if constexpr (std::is_same_v<E, uint16_t>) split_pairs(x.data() + i * p.k, p.k);
           }
           packed_batch = batch;
         }

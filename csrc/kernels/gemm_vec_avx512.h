@@ -19,6 +19,12 @@ struct Avx512Vec {
     const __m256i half = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
   }
+  // 32 bf16 as 16 pairs: even-indexed elements to *even, odd-indexed to *odd.
+  static void load_pairs(const uint16_t* p, Reg* even, Reg* odd) {
+    const __m512i v = _mm512_loadu_si512(p);
+    *even = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+    *odd = _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(-65536)));
+  }
   static void store(float* p, Reg v) { _mm512_storeu_ps(p, v); }
   // Rounded to nearest even, NaN → 0x7FC0, as float_to_bf16_rne.
   static void store(uint16_t* p, Reg v) {
