@@ -230,8 +230,6 @@ bool on_stream_worker() { return tls_on_worker; }
 
 bool launched_work_pending() { return g_pending.load(std::memory_order_acquire) != 0; }
 
-bool device_work_pending() { return g_pending.load(std::memory_order_acquire) != 0; }
-
 bool async_candidate(size_t argument_bytes) {
   if (!async_launches() || tls_on_worker) return false;
   // A memory profile records allocations and frees on the thread that profiles.

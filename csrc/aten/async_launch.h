@@ -34,8 +34,6 @@ bool on_stream_worker();
 // the op. Costs one atomic load when nothing is pending; does nothing on a stream worker.
 // True when there was launched work to wait for.
 bool wait_for_device_work();
-// Whether launched work may still be running (on any device).
-bool device_work_pending();
 // The same for the kernel of the op `counter` counts: when it waited, the op is counted as
 // synchronizing (torch.neuron.get_synchronizing_ops()).
 void wait_for_device_work(OpCounter& counter);

@@ -168,7 +168,7 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
   // launched work completes first. A host source is snapshotted (one more copy), which only
   // pays while work is pending: otherwise the copy runs inline at once.
   if (is_device_tensor(self) && async_candidate(self.nbytes() + src.nbytes()) &&
-      (is_device_tensor(src) || device_work_pending())) {
+      (is_device_tensor(src) || launched_work_pending())) {
     static const c10::OperatorHandle handle =
         c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy_", "");
     if (launch_async_unboxed<at::Tensor&, const at::Tensor&, bool>(handle, self.device().index(),
