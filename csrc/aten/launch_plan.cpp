@@ -114,8 +114,8 @@ std::unique_ptr<AsyncPlan> make_plan(const c10::OperatorHandle& op) {
   }
   // Shapes that depend on data, random draws (the generator's state is read on the host)
   // and ops that change a tensor's geometry in place run inline.
-  for (at::Tag tag : {at::Tag::dynamic_output_shape, at::Tag::data_dependent_output,
-                      at::Tag::inplace_view}) {
+  for (at::Tag tag :
+       {at::Tag::dynamic_output_shape, at::Tag::data_dependent_output, at::Tag::inplace_view}) {
     if (op.hasTag(tag)) plan->eligible = false;
   }
   if (op.hasTag(at::Tag::nondeterministic_seeded)) {
