@@ -312,13 +312,10 @@ struct GemmTiles {
   // W is read once in memory order, a single sequential stream the hardware prefetcher
   // follows; several rows interleaved are as many short streams, which it tracks badly (a
   // 98 MB float32 LM head streamed at 14 GB/s that way, against 21 GB/s for a sum). U
-  // accumulators per activation row break the chain of dependent FMAs.
-  template <class E, int MB>
-  static void gemv_row(const float* x, int64_t k, const E* w, float* dots) {
-    if constexpr (std::is_same_v<E, uint16_t>) {
-      gemv_row_pairs<MB>(x, k, w, dots);
-      return;
-    }
+  // accumulators per activation row break the chain of dependent FMAs. (float32 W; bf16 W
+  // takes gemv_row_pairs.)
+  template <int MB>
+  static void gemv_row(const float* x, int64_t k, const float* w, float* dots) {
     constexpr int U = MB >= 4 ? 1 : 4 / MB;
     typename V::Reg acc[MB][U];
 #pragma GCC unroll 8
@@ -346,7 +343,7 @@ struct GemmTiles {
       typename V::Reg sum = acc[r][0];
       for (int u = 1; u < U; ++u) sum = V::add(sum, acc[r][u]);
       float tail = 0.0f;
-      for (int64_t t = kk; t < k; ++t) tail += x[r * k + t] * to_f32(w[t]);
+      for (int64_t t = kk; t < k; ++t) tail += x[r * k + t] * w[t];
       dots[r] = V::sum(sum) + tail;
     }
   }
@@ -412,7 +409,11 @@ struct GemmTiles {
     float dots[MB];
     for (int64_t j = j0; j < j1; ++j) {
       for (int64_t r0 = 0; r0 < rows; r0 += MB) {
-        gemv_row<E, MB>(x + r0 * p.k, p.k, w + j * p.b.col_stride, dots);
+        if constexpr (std::is_same_v<E, uint16_t>) {
+          gemv_row_pairs<MB>(x + r0 * p.k, p.k, w + j * p.b.col_stride, dots);
+        } else {
+          gemv_row<MB>(x + r0 * p.k, p.k, w + j * p.b.col_stride, dots);
+        }
         for (int64_t r = 0; r < std::min<int64_t>(MB, rows - r0); ++r) {
           finish(p, bias, out, r0 + r, j, dots[r]);
         }
