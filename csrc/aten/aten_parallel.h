@@ -1,5 +1,7 @@
 // The native kernels' thread split (csrc/kernels' ParallelFor, which never starts threads
-// of its own) served by at::parallel_for, i.e. PyTorch's intra-op pool.
+// of its own): on a stream worker with one intra-op thread, shared with the threads that
+// wait for the device (nrt::TaskBoard); otherwise served by at::parallel_for, i.e.
+// PyTorch's intra-op pool.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -8,6 +10,7 @@
 #include <functional>
 
 #include "gemm.h"  // ParallelFor, serial_for
+#include "task_board.h"
 
 namespace torchneuron {
 
@@ -15,7 +18,18 @@ namespace torchneuron {
 // once it is at least `serial_below`; smaller ones, one thread, or a call already inside a
 // parallel region run serially (a split would cost more than it saves).
 inline neuron::kernels::ParallelFor aten_parallel(int64_t work, int64_t serial_below) {
-  if (work < serial_below || at::get_num_threads() <= 1 || at::in_parallel_region()) {
+  if (work < serial_below) return neuron::kernels::serial_for();
+  nrt::TaskBoard& board = nrt::TaskBoard::instance();
+  if (at::get_num_threads() <= 1 && board.shares_here()) {
+    // Sized for the worker and one waiting thread; tasks go to whoever is free.
+    neuron::kernels::ParallelFor par;
+    par.threads = 2;
+    par.run = [&board](int64_t tasks, const std::function<void(int64_t, int64_t)>& body) {
+      board.run(tasks, body);
+    };
+    return par;
+  }
+  if (at::get_num_threads() <= 1 || at::in_parallel_region()) {
     return neuron::kernels::serial_for();
   }
   neuron::kernels::ParallelFor par;

@@ -22,6 +22,7 @@
 #include "op_tracking.h"
 #include "runtime_status.h"
 #include "shared_storage.h"
+#include "task_board.h"
 
 namespace torchneuron {
 void register_hooks();
@@ -137,6 +138,15 @@ PYBIND11_MODULE(_C, m) {
     });
     return static_cast<int64_t>(threads.size());
   });
+  // Whether threads waiting for the device run tasks of the worker's kernel (task_board.h),
+  // and how many they ran.
+  m.def("_waiters_help", [] { return nrt::TaskBoard::instance().enabled(); });
+  m.def("_set_waiters_help", [](bool enabled) {
+    py::gil_scoped_release no_gil;
+    torchneuron::wait_for_device_work();  // kernels already running keep their split
+    nrt::TaskBoard::instance().set_enabled(enabled);
+  });
+  m.def("_helped_tasks", [] { return nrt::TaskBoard::instance().helped_tasks(); });
   m.def("_mem_get_info", [](int64_t device) {
     return torchneuron::caching_allocator().getMemoryInfo(
         torchneuron::checked_device_index(device, /*allow_current=*/true));

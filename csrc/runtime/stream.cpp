@@ -7,6 +7,7 @@
 #include "env.h"
 #include "error.h"
 #include "runtime_state.h"
+#include "task_board.h"
 
 namespace nrt {
 namespace {
@@ -17,11 +18,8 @@ thread_local std::vector<const Stream*> t_running;
 Stream::Stream(int priority) : priority_(priority), asynchronous_(nrt_launch_blocking() == 0) {}
 
 Stream::~Stream() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
-  }
-  queue_cv_.notify_all();
+  stopping_.store(true);
+  TaskBoard::instance().notify_waiters();
   if (worker_.joinable()) worker_.join();
 }
 
@@ -45,12 +43,12 @@ void Stream::enqueue(std::function<void()> task) {
     Task queued{std::move(task), {}};
     queued.waits.swap(waits_);
     queue_.push_back(std::move(queued));
-    queued_.fetch_add(1, std::memory_order_release);
+    queued_.fetch_add(1);  // seq_cst: pairs with the sleeping worker's check (task_board.h)
     launched_.fetch_add(1);
     if (!worker_.joinable()) worker_ = std::thread([this] { worker_loop(); });
     wake = worker_sleeping_;
   }
-  if (wake) queue_cv_.notify_one();
+  if (wake) TaskBoard::instance().notify_waiters();
 }
 
 void Stream::run_task(Task& task) {
@@ -70,6 +68,7 @@ void Stream::run_task(Task& task) {
 }
 
 void Stream::worker_loop() {
+  const TaskBoard::WorkerThread worker;
   for (;;) {
     // A launching thread usually sends the next task within microseconds: look for it
     // briefly before sleeping, which would cost a wake-up (two system calls) per task.
@@ -78,11 +77,17 @@ void Stream::worker_loop() {
            std::chrono::steady_clock::now() < spin_until) {
       std::this_thread::yield();
     }
+    if (queued_.load() == 0) {
+      // Asleep until work arrives, lending this thread to kernels others run meanwhile.
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        worker_sleeping_ = true;
+      }
+      TaskBoard::instance().wait_helping([&] { return stopping_.load() || queued_.load() != 0; });
+    }
     Task task;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      worker_sleeping_ = true;
-      queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
       worker_sleeping_ = false;
       if (queue_.empty()) return;  // stopping, and nothing left
       task = std::move(queue_.front());
@@ -110,6 +115,7 @@ void Stream::mark_completed() {
   }
   for (auto& callback : ready) callback();
   completed_cv_.notify_all();
+  TaskBoard::instance().notify_waiters();
 }
 
 void Stream::add_wait(std::shared_ptr<Stream> source, uint64_t target) {
@@ -134,6 +140,13 @@ void Stream::when_reached(uint64_t target, std::function<void()> callback) {
 }
 
 void Stream::wait_reached(uint64_t target) {
+  if (completed_.load() >= target) return;
+  TaskBoard& board = TaskBoard::instance();
+  if (asynchronous_ && board.may_help_here()) {
+    // The wait lends this thread to the kernel the worker runs (task_board.h).
+    board.wait_helping([&] { return completed_.load() >= target; });
+    return;
+  }
   std::unique_lock<std::mutex> lock(mutex_);
   completed_cv_.wait(lock, [&] { return completed_.load() >= target; });
 }

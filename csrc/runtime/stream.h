@@ -71,11 +71,11 @@ class Stream {
   Waits waits_;                                                            // guarded by mutex_
   std::vector<std::pair<uint64_t, std::function<void()>>> reached_hooks_;  // guarded by mutex_
   // Asynchronous mode: tasks not yet taken by the worker, and the worker itself.
+  // The worker sleeps in TaskBoard::wait_helping (it may run others' kernel tasks there).
   std::deque<Task> queue_;  // guarded by mutex_
-  std::condition_variable queue_cv_;
-  bool stopping_ = false;          // guarded by mutex_
+  std::atomic<bool> stopping_{false};
   bool worker_sleeping_ = false;   // guarded by mutex_: enqueue wakes it only then
-  std::atomic<size_t> queued_{0};  // queue_.size(), for the worker's spin
+  std::atomic<size_t> queued_{0};  // queue_.size(), for the worker's spin and sleep
   std::thread worker_;             // started by the first enqueue, under mutex_
 };
 
