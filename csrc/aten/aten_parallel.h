@@ -1,7 +1,7 @@
 // The native kernels' thread split (csrc/kernels' ParallelFor, which never starts threads
-// of its own): on a stream worker with one intra-op thread, shared with the threads that
-// wait for the device (nrt::TaskBoard); otherwise served by at::parallel_for, i.e.
-// PyTorch's intra-op pool.
+// of its own): with few intra-op threads, shared with the threads that wait
+// (nrt::TaskBoard: the stream's worker and its caller); with more, served by
+// at::parallel_for, i.e. PyTorch's intra-op pool.
 #pragma once
 
 #include <ATen/Parallel.h>
@@ -14,13 +14,18 @@
 
 namespace torchneuron {
 
+// Up to this many intra-op threads the task board serves kernels (the stream's worker and
+// one waiting thread: as many cores, without competing with the caller's Python); beyond,
+// PyTorch's pool has more threads to give.
+constexpr int kBoardThreads = 2;
+
 // at::parallel_for's threads for a problem of `work` units (multiply-adds, elements read)
 // once it is at least `serial_below`; smaller ones, one thread, or a call already inside a
 // parallel region run serially (a split would cost more than it saves).
 inline neuron::kernels::ParallelFor aten_parallel(int64_t work, int64_t serial_below) {
   if (work < serial_below) return neuron::kernels::serial_for();
   nrt::TaskBoard& board = nrt::TaskBoard::instance();
-  if (at::get_num_threads() <= 1 && board.shares_here()) {
+  if (at::get_num_threads() <= kBoardThreads && board.shares_here()) {
     // Sized for the worker and one waiting thread; tasks go to whoever is free.
     neuron::kernels::ParallelFor par;
     par.threads = 2;
