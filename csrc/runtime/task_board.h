@@ -4,9 +4,9 @@
 // op that stays inline). So a kernel uses a second core exactly when its owner's partner
 // has nothing else to do, and never competes with Python and dispatch.
 //
-// One job is on the board at a time (the first worker to post it); a job's tasks must be
-// independent and give the same result on any thread. Tasks are handed out one at a time,
-// so a helper that arrives late or leaves early only changes who runs them.
+// One job is on the board at a time (a second poster runs its own tasks alone); a job's
+// tasks must be independent and give the same result on any thread. Tasks are handed out
+// one at a time, so a helper that arrives late only changes who runs them.
 #pragma once
 
 #include <atomic>
