@@ -1,224 +1,14 @@
-// Unboxed host kernels for the ops that dominate eager workloads (elementwise math, matmul,
-// reductions, activations). They do what host_kernel_executor.cpp does for every op —
-// alias the neuron arguments, run the CPU kernel with allocations redirected to the
-// device, adopt the results — but with the op's C++ signature, so a call is not boxed
-// into an IValue stack and unboxed again on the way to the CPU kernel. Which ops: those
-// whose per-call overhead shows in small-tensor workloads (generation, optimizer steps).
-#include <ATen/Operators.h>
-#include <c10/core/DeviceGuard.h>
+// Registrations of the unboxed host kernels (host_kernel_typed.h) for the ops that dominate
+// eager workloads (elementwise math, reductions, activations, joins). Which ops: those whose
+// per-call overhead shows in small-tensor workloads (generation, optimizer steps).
+#include "host_kernel_typed.h"
+
 #include <torch/library.h>
 
 #include <string>
-#include <tuple>
-#include <type_traits>
-#include <utility>
-#include <vector>
-
-#include "allocation_redirect.h"
-#include "async_launch.h"
-#include "device_activity.h"
-#include "device_placement.h"
-#include "host_alias.h"
-#include "op_tracking.h"
 
 namespace torchneuron {
 namespace {
-
-// The host form of a tensor list argument (cat, stack): owns the aliases and converts to
-// the list reference the CPU kernel takes.
-struct HostTensorList {
-  std::vector<at::Tensor> tensors;
-  operator at::ITensorListRef() const {
-    return at::ITensorListRef(at::ArrayRef<at::Tensor>(tensors));
-  }  // NOLINT
-};
-
-// One call's device, aliases and argument checks.
-class TypedCall {
- public:
-  explicit TypedCall(const char* op) : placement_(op) {}
-
-  template <class T>
-  void visit(const T& value) {
-    using Plain = std::decay_t<T>;
-    if constexpr (std::is_same_v<Plain, at::Tensor>) {
-      visit_tensor(value);
-    } else if constexpr (std::is_same_v<Plain, std::optional<at::Tensor>>) {
-      if (value.has_value()) visit_tensor(*value);
-    } else if constexpr (std::is_same_v<Plain, at::ITensorListRef>) {
-      for (const at::Tensor& t : value) visit_tensor(t);
-    }
-  }
-
-  // The host form of an argument: tensors become aliases; everything else passes through.
-  template <class T>
-  decltype(auto) to_host(T&& value) {
-    using Plain = std::decay_t<T>;
-    if constexpr (std::is_same_v<Plain, at::Tensor>) {
-      return is_device_tensor(value) ? aliases_.alias(value) : at::Tensor(value);
-    } else if constexpr (std::is_same_v<Plain, std::optional<at::Tensor>>) {
-      if (!value.has_value() || !is_device_tensor(*value)) return std::optional<at::Tensor>(value);
-      return std::optional<at::Tensor>(aliases_.alias(*value));
-    } else if constexpr (std::is_same_v<Plain, at::ITensorListRef>) {
-      HostTensorList list;
-      list.tensors.reserve(value.size());
-      for (const at::Tensor& t : value) {
-        list.tensors.push_back(is_device_tensor(t) ? aliases_.alias(t) : t);
-      }
-      return list;
-    } else {
-      return std::forward<T>(value);
-    }
-  }
-
-  c10::DeviceIndex device() const { return placement_.device(); }
-
-  HostAliasSet& aliases() { return aliases_; }
-
- private:
-  void visit_tensor(const at::Tensor& t) { placement_.visit(t); }
-
-  DevicePlacement placement_;
-  HostAliasSet aliases_;
-};
-
-template <class T>
-struct HostArg {
-  using type = T;  // scalars, lists and options pass through by reference
-};
-template <>
-struct HostArg<const at::Tensor&> {
-  using type = at::Tensor;
-};
-template <>
-struct HostArg<at::Tensor&> {
-  using type = at::Tensor;
-};
-template <>
-struct HostArg<const std::optional<at::Tensor>&> {
-  using type = std::optional<at::Tensor>;
-};
-template <>
-struct HostArg<const at::ITensorListRef&> {
-  using type = HostTensorList;
-};
-
-template <class T>
-struct TypeTag {
-  using type = T;
-};
-
-template <class T>
-struct IsTensorTuple : std::false_type {};
-template <class... T>
-struct IsTensorTuple<std::tuple<T...>> : std::conjunction<std::is_same<T, at::Tensor>...> {};
-
-template <class Op, class Schema = typename Op::schema>
-struct TypedHostKernel;
-
-template <class Op, class Ret, class... Args>
-struct TypedHostKernel<Op, Ret(Args...)> {
-  static std::string name() {
-    std::string result = Op::name;
-    if (*Op::overload_name != '\0') result += std::string(".") + Op::overload_name;
-    return result;
-  }
-
-  static Ret run(Args... args) {
-    static OpCounter& counter = op_counter_named(name());
-    TypedCall call(Op::name);
-    (call.visit(args), ...);
-    const c10::DeviceIndex device = call.device();
-    if (async_candidate(tensor_bytes(args...))) {
-      static const c10::OperatorHandle handle =
-          c10::Dispatcher::singleton().findSchemaOrThrow(Op::name, Op::overload_name);
-      if (auto results = launch_async_unboxed<Args...>(handle, device, args...)) {
-        return from_stack(*results, args...);
-      }
-    }
-    wait_for_device_work(counter);
-    std::tuple<typename HostArg<Args>::type...> host(call.to_host(args)...);
-    if constexpr (std::is_same_v<Ret, at::Tensor&>) {
-      // In place: the kernel writes through the alias; the neuron argument is the result.
-      {
-        const DeviceActivitySpan span(DeviceActivityKind::kKernel, Op::name, device);
-        const DeviceAllocationScope scope(device);
-        std::apply(
-            [](auto&... a) { Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), a...); },
-            host);
-      }
-      ResultAdopter adopter(call.aliases(), device, &counter);
-      Ret result = write_back_mutable(adopter, host, std::index_sequence_for<Args...>{}, args...);
-      counter.executed.fetch_add(1, std::memory_order_relaxed);
-      return result;
-    } else {
-      static_assert(std::is_same_v<Ret, at::Tensor> || IsTensorTuple<Ret>::value,
-                    "typed host kernels return a tensor, a tuple of tensors or a mutable tensor");
-      Ret result;
-      {
-        const DeviceActivitySpan span(DeviceActivityKind::kKernel, Op::name, device);
-        const DeviceAllocationScope scope(device);
-        result = std::apply(
-            [](auto&... a) {
-              return Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), a...);
-            },
-            host);
-      }
-      ResultAdopter adopter(call.aliases(), device, &counter);
-      counter.executed.fetch_add(1, std::memory_order_relaxed);
-      if constexpr (std::is_same_v<Ret, at::Tensor>) {
-        return adopter.adopt(std::move(result));
-      } else {
-        return std::apply([&adopter](auto&... t) { return Ret(adopter.adopt(std::move(t))...); },
-                          result);
-      }
-    }
-  }
-
-  // The result of an asynchronous launch: the first mutable argument for an in-place op,
-  // else the fresh results the launch left on the stack.
-  static Ret from_stack(torch::jit::Stack& results, Args&... args) {
-    if constexpr (std::is_same_v<Ret, at::Tensor&>) {
-      at::Tensor* first = nullptr;
-      auto pick = [&first](auto& value, auto tag) {
-        if constexpr (std::is_same_v<typename decltype(tag)::type, at::Tensor&>) {
-          if (first == nullptr) first = &value;
-        }
-      };
-      (pick(args, TypeTag<Args>{}), ...);
-      return *first;
-    } else if constexpr (std::is_same_v<Ret, at::Tensor>) {
-      return std::move(results[0]).toTensor();
-    } else {
-      return tuple_from(results, std::make_index_sequence<std::tuple_size_v<Ret>>{});
-    }
-  }
-
-  template <size_t... I>
-  static Ret tuple_from(torch::jit::Stack& results, std::index_sequence<I...>) {
-    return Ret(std::move(results[I]).toTensor()...);
-  }
-
-  // Writes every mutable tensor argument's alias back and returns the first of them.
-  template <class Tuple, size_t... I>
-  static at::Tensor& write_back_mutable(ResultAdopter& adopter, Tuple& host,
-                                        std::index_sequence<I...>, Args&... args) {
-    at::Tensor* first = nullptr;
-    auto visit = [&](auto& original, auto& alias) {
-      if constexpr (std::is_same_v<std::remove_reference_t<decltype(original)>, at::Tensor>) {
-        adopter.write_back(original, alias);
-        if (first == nullptr) first = &original;
-      }
-    };
-    (visit_if_mutable<Args>(visit, args, std::get<I>(host)), ...);
-    return *first;
-  }
-
-  template <class Arg, class Visit, class Original, class Alias>
-  static void visit_if_mutable(Visit& visit, Original& original, Alias& alias) {
-    if constexpr (std::is_same_v<Arg, at::Tensor&>) visit(original, alias);
-  }
-};
 
 template <class Op>
 void register_typed(torch::Library& m) {
@@ -231,33 +21,19 @@ void register_typed(torch::Library& m) {
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  // Elementwise arithmetic.
-  register_typed<at::_ops::add_Tensor>(m);
-  register_typed<at::_ops::add__Tensor>(m);
+  // Elementwise arithmetic (the floating binary and unary ops: host_iterator_kernels.cpp,
+  // which falls back to these kernels for the other cases).
   register_typed<at::_ops::add_Scalar>(m);
-  register_typed<at::_ops::sub_Tensor>(m);
-  register_typed<at::_ops::sub__Tensor>(m);
-  register_typed<at::_ops::mul_Tensor>(m);
-  register_typed<at::_ops::mul__Tensor>(m);
   register_typed<at::_ops::mul_Scalar>(m);
   register_typed<at::_ops::mul__Scalar>(m);
-  register_typed<at::_ops::div_Tensor>(m);
-  register_typed<at::_ops::div__Tensor>(m);
   register_typed<at::_ops::div_Scalar>(m);
   register_typed<at::_ops::pow_Tensor_Scalar>(m);
-  register_typed<at::_ops::neg>(m);
-  register_typed<at::_ops::exp>(m);
-  register_typed<at::_ops::rsqrt>(m);
-  register_typed<at::_ops::sqrt>(m);
-  register_typed<at::_ops::tanh>(m);
-  register_typed<at::_ops::sigmoid>(m);
   register_typed<at::_ops::where_self>(m);
   register_typed<at::_ops::fill__Scalar>(m);
   register_typed<at::_ops::masked_fill__Scalar>(m);
   register_typed<at::_ops::addcmul_>(m);
   register_typed<at::_ops::lerp__Scalar>(m);
-  // Activations (silu and softmax: native_row_ops.cpp).
-  register_typed<at::_ops::relu>(m);
+  // Activations (silu and softmax: native_row_ops.cpp; relu: host_iterator_kernels.cpp).
   register_typed<at::_ops::gelu>(m);
   // Norms: several results each, on every transformer layer's path (attention:
   // native_attention_decode.cpp).

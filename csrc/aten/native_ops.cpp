@@ -18,6 +18,7 @@
 #include "device_state.h"
 #include "device_storage.h"
 #include "host_alias.h"
+#include "host_iterator_kernels.h"
 #include "op_tracking.h"
 
 namespace torchneuron {
@@ -179,14 +180,15 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
   static OpCounter& counter = op_counter_named("aten::copy_");
   wait_for_device_work(counter);
   count(counter);
-  HostAliasSet aliases;
-  at::Tensor dst_host = is_device_tensor(self) ? aliases.alias(self) : self;
-  const at::Tensor src_host = is_device_tensor(src) ? aliases.alias(src) : src;
   const c10::DeviceIndex device =
       is_device_tensor(self) ? self.device().index() : src.device().index();
   const DeviceActivitySpan span(DeviceActivityKind::kMemcpy,
                                 memcpy_activity_name(is_device_tensor(src), is_device_tensor(self)),
                                 device);
+  if (copy_within_device(self, src)) return self;
+  HostAliasSet aliases;
+  at::Tensor dst_host = is_device_tensor(self) ? aliases.alias(self) : self;
+  const at::Tensor src_host = is_device_tensor(src) ? aliases.alias(src) : src;
   const DeviceAllocationScope scope(device);
   at::_ops::copy_::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), dst_host, src_host,
                               false);
