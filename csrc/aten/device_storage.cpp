@@ -1,5 +1,6 @@
 #include "device_storage.h"
 
+#include <ATen/EmptyTensor.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/util/Exception.h>
 
@@ -22,6 +23,19 @@ void resize_device_storage(c10::StorageImpl* storage, size_t nbytes) {
   if (keep > 0) std::memcpy(fresh.get(), storage->data(), keep);
   storage->set_data_ptr_noswap(std::move(fresh));
   storage->set_nbytes(nbytes);
+}
+
+at::Tensor empty_device_tensor(c10::IntArrayRef sizes, const at::Tensor& like) {
+  const size_t nbytes = at::detail::computeStorageNbytesContiguous(sizes, like.dtype().itemsize());
+  c10::Storage storage(c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), nbytes,
+      caching_allocator().allocate_on(like.device().index(), nbytes), &caching_allocator(),
+      /*resizable=*/true));
+  at::Tensor result = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), like.dtype());
+  // (As at::empty: a tensor of size [0] keeps the default geometry.)
+  if (sizes.size() != 1 || sizes[0] != 0) result.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
+  return result;
 }
 
 }  // namespace torchneuron

@@ -29,11 +29,14 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <optional>
+#include <string>
 
 #include "caching_allocator.h"
 #include "device_state.h"
 #include "host_kernel_typed.h"
+#include "native_kernels.h"
 
 namespace torchneuron {
 namespace {
@@ -94,24 +97,34 @@ bool plain(const at::Tensor& self, const at::Tensor& other, bool in_place) {
   return !async_candidate(self.nbytes() + other.nbytes());
 }
 
-// Builds `iter` with `build` and runs `loop` on it as the op's kernel, counted on `counter`.
-// The output stays in `iter`: an in-place caller returns its own reference to it, since
-// copying a tensor that Python holds changes the Python object's count under the GIL.
+// The counters of an op run here: its executed ops (torch.neuron's op statistics) and, in
+// _C._native_kernel_runs() under "cpu_loop <op>", how many of its calls took this path.
+struct LoopCounters {
+  OpCounter& executed;
+  std::atomic<uint64_t>& runs;
+};
+
+template <class Op>
+LoopCounters& counters_of() {
+  static LoopCounters counters{op_counter_named(TypedHostKernel<Op>::name()),
+                               native_kernel_counter("cpu_loop " + TypedHostKernel<Op>::name())};
+  return counters;
+}
+
+// Builds `iter` with `build` and runs `loop` on it as the op's kernel. The output stays in
+// `iter`: an in-place caller returns its own reference to it, since copying a tensor that
+// Python holds changes the Python object's count under the GIL.
 template <class Build, class Loop>
-void run_loop(OpCounter& counter, const char* op, DeviceIterator& iter, Build build, Loop loop) {
-  wait_for_device_work(counter);
+void run_loop(LoopCounters& counters, const char* op, DeviceIterator& iter, Build build,
+              Loop loop) {
+  wait_for_device_work(counters.executed);
   build(iter);
   {
     const DeviceActivitySpan span(DeviceActivityKind::kKernel, op, iter.device());
     loop(iter);
   }
-  counter.executed.fetch_add(1, std::memory_order_relaxed);
-}
-
-template <class Op>
-OpCounter& counter_of() {
-  static OpCounter& counter = op_counter_named(TypedHostKernel<Op>::name());
-  return counter;
+  counters.executed.executed.fetch_add(1, std::memory_order_relaxed);
+  counters.runs.fetch_add(1, std::memory_order_relaxed);
 }
 
 // Which TensorIteratorBase::build_borrowing_* an op's CPU meta function calls. The float
@@ -138,7 +151,7 @@ at::Tensor functional(Build kind, const at::Tensor& self, const at::Tensor& othe
   const at::Tensor out;
   DeviceIterator iter(self.device().index());
   run_loop(
-      counter_of<Op>(), Op::name, iter,
+      counters_of<Op>(), Op::name, iter,
       [&](DeviceIterator& it) { build(it, kind, out, self, other); }, loop);
   return iter.output();
 }
@@ -148,7 +161,7 @@ template <class Op, class Loop>
 at::Tensor& in_place(Build kind, at::Tensor& self, const at::Tensor& other, Loop loop) {
   DeviceIterator iter(self.device().index());
   run_loop(
-      counter_of<Op>(), Op::name, iter,
+      counters_of<Op>(), Op::name, iter,
       [&](DeviceIterator& it) { build(it, kind, self, self, other); }, loop);
   return self;
 }
@@ -284,6 +297,8 @@ bool copy_within_device(at::Tensor& self, const at::Tensor& src) {
                                 .check_all_same_device(false)
                                 .build();
   if (iter.numel() > 0) at::native::copy_stub(c10::DeviceType::CPU, iter, false);
+  static std::atomic<uint64_t>& runs = native_kernel_counter("cpu_loop aten::copy_");
+  runs.fetch_add(1, std::memory_order_relaxed);
   return true;
 }
 

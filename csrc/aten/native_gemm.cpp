@@ -20,6 +20,7 @@
 #include "aten_parallel.h"
 #include "device_activity.h"
 #include "device_placement.h"
+#include "device_storage.h"
 #include "fma_peak.h"
 #include "gemm.h"
 #include "host_alias.h"
@@ -128,7 +129,7 @@ at::Tensor on_host(const char* name, const Args&... args) {
 at::Tensor native_product(const char* name, OpCounter& counter, const at::Tensor& a,
                           const at::Tensor& b, const std::vector<int64_t>& shape,
                           const at::Tensor* bias, float alpha, float beta) {
-  at::Tensor out = at::empty(shape, a.options());
+  at::Tensor out = empty_device_tensor(shape, a);
   {
     const DeviceActivitySpan span(DeviceActivityKind::kKernel, name, a.device().index());
     run_gemm(a, b, bias, alpha, beta, out);

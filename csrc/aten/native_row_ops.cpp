@@ -16,6 +16,7 @@
 #include "async_launch.h"
 #include "device_activity.h"
 #include "device_placement.h"
+#include "device_storage.h"
 #include "host_kernel_executor.h"
 #include "native_kernels.h"
 #include "op_tracking.h"
@@ -105,7 +106,7 @@ at::Tensor softmax_forward(const at::Tensor& self, int64_t dim, bool half_to_flo
                                                                               half_to_float);
   }
   const NativeRun run(Op::name, self, executed, runs);
-  at::Tensor out = at::empty(self.sizes(), self.options());
+  at::Tensor out = empty_device_tensor(self.sizes(), self);
   const int64_t cols = self.size(-1), rows = self.numel() / cols;
   const void* in = self.const_data_ptr();
   void* result = out.mutable_data_ptr();
@@ -129,7 +130,7 @@ at::Tensor softmax_backward(const at::Tensor& grad_output, const at::Tensor& out
                                                                               dim, input_dtype);
   }
   const NativeRun run(Op::name, output, executed, runs);
-  at::Tensor grad_input = at::empty(output.sizes(), output.options());
+  at::Tensor grad_input = empty_device_tensor(output.sizes(), output);
   const int64_t cols = output.size(-1), rows = output.numel() / cols;
   const void* grad = grad_output.const_data_ptr();
   const void* out = output.const_data_ptr();
@@ -151,7 +152,7 @@ at::Tensor silu(const at::Tensor& self) {
     return at::native::call_fallback_fn<&run_on_host_kernels_boxed, Op>::call(self);
   }
   const NativeRun run(Op::name, self, executed, runs);
-  at::Tensor out = at::empty(self.sizes(), self.options());
+  at::Tensor out = empty_device_tensor(self.sizes(), self);
   const void* in = self.const_data_ptr();
   void* result = out.mutable_data_ptr();
   const nk::RowKernels& kernels = nk::row_kernels();
@@ -171,7 +172,7 @@ at::Tensor silu_backward(const at::Tensor& grad_output, const at::Tensor& self) 
     return at::native::call_fallback_fn<&run_on_host_kernels_boxed, Op>::call(grad_output, self);
   }
   const NativeRun run(Op::name, self, executed, runs);
-  at::Tensor grad_input = at::empty(self.sizes(), self.options());
+  at::Tensor grad_input = empty_device_tensor(self.sizes(), self);
   const void* grad = grad_output.const_data_ptr();
   const void* in = self.const_data_ptr();
   void* result = grad_input.mutable_data_ptr();
