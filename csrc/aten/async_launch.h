@@ -143,15 +143,21 @@ std::optional<torch::jit::Stack> launch_async_unboxed(const c10::OperatorHandle&
   return std::move(arguments.stack());
 }
 
-// The index of the first neuron tensor argument, or -1.
+// The index of the first neuron tensor argument (or tensor in a list argument), or -1.
 template <class... Args>
 c10::DeviceIndex first_device(const Args&... args) {
   c10::DeviceIndex device = -1;
-  auto look = [&device](const auto& value) {
-    if constexpr (std::is_same_v<std::decay_t<decltype(value)>, at::Tensor>) {
-      if (device < 0 && value.defined() && value.device().type() == c10::DeviceType::PrivateUse1) {
-        device = value.device().index();
-      }
+  auto look_at = [&device](const at::Tensor& t) {
+    if (device < 0 && t.defined() && t.device().type() == c10::DeviceType::PrivateUse1) {
+      device = t.device().index();
+    }
+  };
+  auto look = [&look_at](const auto& value) {
+    using Plain = std::decay_t<decltype(value)>;
+    if constexpr (std::is_same_v<Plain, at::Tensor>) {
+      look_at(value);
+    } else if constexpr (std::is_same_v<Plain, at::ITensorListRef>) {
+      for (const at::Tensor& t : value) look_at(t);
     }
   };
   (look(args), ...);

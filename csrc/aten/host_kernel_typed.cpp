@@ -48,9 +48,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   register_typed<at::_ops::sum_dim_IntList>(m);
   register_typed<at::_ops::mean_dim>(m);
   register_typed<at::_ops::argmax>(m);
-  // Joining and gathering: KV-cache appends, rotary halves, embedding lookups.
-  register_typed<at::_ops::cat>(m);
-  register_typed<at::_ops::index_select>(m);
+  // Joining and gathering (cat, index_select) is native_gather_ops.cpp's, which falls back
+  // to TypedHostKernel.
 }
 
 }  // namespace torchneuron
