@@ -5,11 +5,11 @@
 // made these ops cost 1.15-1.2x CPU eager's instructions (benchmarks/dispatch_instructions.py).
 //
 // Only the plain case runs here: every tensor a neuron tensor on one device, of one floating
-// dtype, run inline. There the iterator casts nothing (its casts and CPU-scalar
-// handling assume a CPU or CUDA common device), and the op's CPU meta function does nothing
-// but build the iterator. Every other call (other dtypes, CPU scalars, broadcasting into an
-// in-place output, launches on a stream) takes the typed host kernel, whose behaviour and
-// errors are CPU eager's.
+// dtype. There the iterator casts nothing (its casts and CPU-scalar handling assume a CPU or
+// CUDA common device), and the op's CPU meta function does nothing but build the iterator.
+// Every other call (other dtypes, CPU scalars, broadcasting into an in-place output) takes
+// the typed host kernel, whose behaviour and errors are CPU eager's. So does a call that
+// launches on its stream; the worker then runs it here.
 
 // A DispatchStub call compiles against the set of CPU capabilities libtorch_cpu was built
 // with (its symbols take one kernel pointer per capability); PyTorch's x86-64 wheels are
