@@ -69,12 +69,14 @@ class MetaArguments {
           meta.storage().nbytes() == original.storage().nbytes()) {
         continue;
       }
-      // Composite ops (arange, ...) allocate an empty result and call the out= variant. An
-      // empty storage cannot be in use by launched work, so resizing it on the calling
-      // thread is safe, and the meta kernel's contiguous result is what resize_ makes.
+      // Composite ops (arange, abs, ...) allocate an empty result and call the out= variant.
+      // An empty storage cannot be in use by launched work, so resizing it on the calling
+      // thread is safe, and the meta kernel's contiguous result is what resize_ makes. With a
+      // non-contiguous input, CPU eager's out= kernel may restride the result to the input's
+      // layout (TensorIterator does) where the meta kernel resizes it contiguous: inline.
       const bool fresh_output = index != kInList && original.storage().nbytes() == 0 &&
                                 original.storage_offset() == 0 && meta.storage_offset() == 0 &&
-                                meta.is_contiguous();
+                                meta.is_contiguous() && inputs_contiguous_;
       if (!same_storage || !fresh_output) return false;
       resizes->push_back({index, meta.sizes().vec()});
     }
@@ -122,7 +124,11 @@ class MetaArguments {
     at::Tensor meta = at::detail::make_tensor<c10::TensorImpl>(
         std::move(storage), c10::DispatchKeySet(c10::DispatchKey::Meta), t.dtype());
     meta.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
-    if (written) written_.push_back({meta, t, index});
+    if (written) {
+      written_.push_back({meta, t, index});
+    } else if (!t.is_contiguous()) {
+      inputs_contiguous_ = false;
+    }
     *out = std::move(meta);
     return true;
   }
@@ -137,7 +143,8 @@ class MetaArguments {
   }
 
   c10::DeviceIndex device_;
-  bool host_allowed_ = false;  // the argument being converted accepts host tensors
+  bool host_allowed_ = false;      // the argument being converted accepts host tensors
+  bool inputs_contiguous_ = true;  // every device tensor read (not written) is contiguous
   c10::SmallVector<std::pair<const c10::StorageImpl*, c10::Storage>, 4> storages_;
   struct Written {
     at::Tensor meta, original;  // the neuron original
