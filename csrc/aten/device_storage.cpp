@@ -9,6 +9,7 @@
 
 #include "caching_allocator.h"
 #include "device_state.h"
+#include "host_alias.h"
 
 namespace torchneuron {
 
@@ -27,12 +28,9 @@ void resize_device_storage(c10::StorageImpl* storage, size_t nbytes) {
 
 at::Tensor empty_device_tensor(c10::IntArrayRef sizes, const at::Tensor& like) {
   const size_t nbytes = at::detail::computeStorageNbytesContiguous(sizes, like.dtype().itemsize());
-  c10::Storage storage(c10::make_intrusive<c10::StorageImpl>(
-      c10::StorageImpl::use_byte_size_t(), nbytes,
-      caching_allocator().allocate_on(like.device().index(), nbytes), &caching_allocator(),
-      /*resizable=*/true));
   at::Tensor result = at::detail::make_tensor<c10::TensorImpl>(
-      std::move(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), like.dtype());
+      new_device_storage(nbytes, like.device().index()),
+      c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), like.dtype());
   // (As at::empty: a tensor of size [0] keeps the default geometry.)
   if (sizes.size() != 1 || sizes[0] != 0) result.unsafeGetTensorImpl()->set_sizes_contiguous(sizes);
   return result;

@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <optional>
 
 #include "device_activity.h"
 #include "device_storage.h"
@@ -102,38 +103,41 @@ at::Tensor index(const at::Tensor& self, const c10::List<std::optional<at::Tenso
 // whose copies are split across the intra-op threads.
 constexpr size_t kMaxJoinBytes = size_t{1} << 20;
 
-// The inputs of a join this kernel copies: contiguous neuron tensors on one device, of one
-// dtype and rank >= 1, sizes equal except along `dim` (in range), row-major (the CPU's
-// result is then contiguous too), at most kMaxJoinBytes in all.
-bool joins_blocks(const at::ITensorListRef& tensors, int64_t dim) {
-  if (tensors.size() == 0) return false;
+// The dimension a join this kernel copies runs along (`dim` wrapped), or nullopt. Its inputs:
+// contiguous neuron tensors on one device, of one dtype and rank >= 1, sizes equal except
+// along `dim` (in range), row-major (the CPU's result is then contiguous too), at most
+// kMaxJoinBytes in all.
+std::optional<int64_t> joined_axis(const at::ITensorListRef& tensors, int64_t dim) {
+  if (tensors.size() == 0) return std::nullopt;
   const at::Tensor& first = *tensors.begin();
   const int64_t rank = first.dim();
-  if (!is_device_tensor(first) || rank == 0 || dim < -rank || dim >= rank) return false;
+  if (!is_device_tensor(first) || rank == 0 || dim < -rank || dim >= rank) return std::nullopt;
   const int64_t axis = dim < 0 ? dim + rank : dim;
   size_t bytes = 0;
   for (const at::Tensor& t : tensors) {
     if (!is_device_tensor(t) || t.device() != first.device() ||
         t.scalar_type() != first.scalar_type() || t.dim() != rank || !t.is_contiguous() ||
         t.is_conj() || t.is_neg() || t.suggest_memory_format() != at::MemoryFormat::Contiguous) {
-      return false;
+      return std::nullopt;
     }
     for (int64_t d = 0; d < rank; ++d) {
-      if (d != axis && t.size(d) != first.size(d)) return false;
+      if (d != axis && t.size(d) != first.size(d)) return std::nullopt;
     }
     bytes += t.nbytes();
   }
-  return bytes <= kMaxJoinBytes;
+  if (bytes > kMaxJoinBytes) return std::nullopt;
+  return axis;
 }
 
 at::Tensor cat(const at::ITensorListRef& tensors, int64_t dim) {
   using Op = at::_ops::cat;
-  if (!joins_blocks(tensors, dim)) return TypedHostKernel<Op>::run(tensors, dim);
+  const std::optional<int64_t> joined = joined_axis(tensors, dim);
+  if (!joined) return TypedHostKernel<Op>::run(tensors, dim);
   if (auto launched = launch_or_wait<Op>(tensors, dim)) return *launched;
   static OpCounter& counter = op_counter_named("aten::cat");
   static std::atomic<uint64_t>& runs = native_kernel_counter("aten::cat");
   const at::Tensor& first = *tensors.begin();
-  const int64_t axis = dim < 0 ? dim + first.dim() : dim;
+  const int64_t axis = *joined;
   c10::DimVector sizes(first.sizes().begin(), first.sizes().end());
   sizes[axis] = 0;
   for (const at::Tensor& t : tensors) sizes[axis] += t.size(axis);
