@@ -9,11 +9,12 @@
 //    bf16 to float32 in registers, with the m activation rows held in cache; memory-bound, so
 //    the point is to read W exactly once at full bandwidth.
 //  - Packed GEMM (everything else): Goto-style blocking. An output tile of MC × NC rows and
-//    columns is one task; per KC slice of k, A and B are read in place (float32 row-major),
-//    widened by rows (bf16 row-major A) or copied and converted to float32 into MR-row and
-//    NR-column panels, and an MR × NR register-blocked FMA kernel accumulates in float32,
-//    in the output itself (float32) or in a staging tile; scale and bias are applied and the
-//    result rounded to the output dtype once (packed_tile).
+//    columns (narrower when threads share the product: tile_shape) is one task; per KC
+//    slice of k, A and B are read in place (float32 row-major), widened by rows (bf16
+//    row-major A) or copied and converted to float32 into MR-row and NR-column panels, and
+//    an MR × NR register-blocked FMA kernel accumulates in float32, in the output itself
+//    (float32) or in a staging tile; scale and bias are applied and the result rounded to
+//    the output dtype once (packed_tile).
 #pragma once
 
 #include <algorithm>
@@ -50,6 +51,13 @@ struct GemmTiles {
   static constexpr int64_t MC = MR * 32;
   static constexpr int64_t NC = NR * 16;
   static constexpr int64_t kGemvMaxRows = 8;
+
+  // An output tile's rows and columns (tile_shape).
+  struct TileShape {
+    int64_t rows = MC, columns = NC;
+    int64_t row_tiles(const GemmProblem& p) const { return (p.m + rows - 1) / rows; }
+    int64_t column_tiles(const GemmProblem& p) const { return (p.n + columns - 1) / columns; }
+  };
 
   struct Scratch {
     std::vector<float> a, b, c;
@@ -172,8 +180,9 @@ struct GemmTiles {
   // row-major (columns contiguous) is read in place when the tile has whole NR panels.
   // Everything else is packed (and widened) first.
   template <class E>
-  static void packed_tile(const GemmProblem& p, int64_t batch, int64_t i0, int64_t j0, Scratch& s) {
-    const int64_t mc = std::min(MC, p.m - i0), nc = std::min(NC, p.n - j0);
+  static void packed_tile(const GemmProblem& p, int64_t batch, int64_t i0, int64_t j0,
+                          const TileShape& shape, Scratch& s) {
+    const int64_t mc = std::min(shape.rows, p.m - i0), nc = std::min(shape.columns, p.n - j0);
     const int64_t mcp = round_up(mc, MR), ncp = round_up(nc, NR);
     const int64_t lda = p.a.row_stride, ldb = p.b.row_stride;
     // bf16 is never read in place by the micro-kernel: every broadcast of A would cost a
@@ -483,14 +492,42 @@ struct GemmTiles {
         return;
       }
     }
-    const int64_t mt = (p.m + MC - 1) / MC, nt = (p.n + NC - 1) / NC;
+    const TileShape shape = tile_shape(p, par.threads);
+    const int64_t mt = shape.row_tiles(p), nt = shape.column_tiles(p);
     par.run(p.batch * mt * nt, [&](int64_t begin, int64_t end) {
       static thread_local Scratch scratch;
       for (int64_t t = begin; t < end; ++t) {
         const int64_t batch = t / (mt * nt), rest = t % (mt * nt);
-        packed_tile<E>(p, batch, (rest / nt) * MC, (rest % nt) * NC, scratch);
+        packed_tile<E>(p, batch, (rest / nt) * shape.rows, (rest % nt) * shape.columns, shape,
+                       scratch);
       }
     });
+  }
+
+  // The output tile one task computes: MC × NC, or narrower when several threads share the
+  // product, until each has kTasksPerThread tiles. Tasks are handed out one at a time, so
+  // the threads finish at most one tile apart: with 3 tiles for 2 threads (a 64-row
+  // product, a k/v projection) one thread idled a third of the time. Columns are halved
+  // first: the tile's B panel is packed per tile anyway, and A is mostly read in place;
+  // rows next, each halving repacking B once more. Down to 4 register tiles a side.
+  static constexpr int64_t kTasksPerThread = 4;
+  static TileShape tile_shape(const GemmProblem& p, int threads) {
+    TileShape shape;
+    // Tiles no larger than the product, so halving one always adds tiles.
+    shape.rows = std::min(MC, round_up(p.m, MR));
+    shape.columns = std::min(NC, round_up(p.n, NR));
+    if (threads <= 1) return shape;
+    const int64_t wanted = kTasksPerThread * threads;
+    while (p.batch * shape.row_tiles(p) * shape.column_tiles(p) < wanted) {
+      if (shape.columns >= 8 * NR) {
+        shape.columns = round_up(shape.columns / 2, NR);
+      } else if (shape.rows >= 8 * MR) {
+        shape.rows = round_up(shape.rows / 2, MR);
+      } else {
+        break;
+      }
+    }
+    return shape;
   }
 
   // B = Wᵀ (W row-major) with fewer rows of A than columns of B, e.g. a linear layer's

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <thread>
@@ -59,51 +60,75 @@ std::string describe(const Case& c, nk::GemmDtype dtype, nk::IsaLevel level) {
          " bias=" + std::to_string(c.bias);
 }
 
+// One case's operands (random values in [-1, 1), bf16-rounded for bf16) and its problem,
+// writing into an output whose row stride is wider than n and whose padding is NaN.
+struct CaseData {
+  std::vector<float> a, b, bias, c32;
+  std::vector<uint16_t> a16, b16, bias16, c16;
+  int64_t ldc = 0;
+  nk::GemmProblem problem;
+
+  CaseData(const Case& c, nk::GemmDtype dtype) {
+    std::mt19937 rng(static_cast<unsigned>(c.m * 131 + c.n * 7 + c.k));
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    const bool bf16 = dtype == nk::GemmDtype::kBFloat16;
+    auto quantize = [&](float v) { return bf16 ? nk::bf16_to_float(nk::float_to_bf16_rne(v)) : v; };
+    a.resize(c.batch * c.m * c.k);
+    b.resize(c.batch * c.k * c.n);
+    bias.resize(c.batch * c.n);
+    for (auto& v : a) v = quantize(dist(rng));
+    for (auto& v : b) v = quantize(dist(rng));
+    for (auto& v : bias) v = quantize(dist(rng));
+    auto to_bf16 = [](const std::vector<float>& from) {
+      std::vector<uint16_t> to(from.size());
+      for (size_t i = 0; i < from.size(); ++i) to[i] = nk::float_to_bf16_rne(from[i]);
+      return to;
+    };
+    a16 = to_bf16(a);
+    b16 = to_bf16(b);
+    bias16 = to_bf16(bias);
+    ldc = c.n + 3;
+    c32.assign(c.batch * c.m * ldc, NAN);
+    c16.assign(c.batch * c.m * ldc, 0x7fc0);
+    // Storage: A as m×k row-major or k×m (transposed view); B likewise.
+    const bool at = c.a_layout == Layout::kTransposed, bt = c.b_layout == Layout::kTransposed;
+    nk::GemmProblem& p = problem;
+    p.batch = c.batch;
+    p.m = c.m;
+    p.n = c.n;
+    p.k = c.k;
+    p.dtype = dtype;
+    p.a = {bf16 ? static_cast<const void*>(a16.data()) : a.data(), at ? 1 : c.k, at ? c.m : 1,
+           c.m * c.k};
+    p.b = {bf16 ? static_cast<const void*>(b16.data()) : b.data(), bt ? 1 : c.n, bt ? c.k : 1,
+           c.k * c.n};
+    if (c.bias) p.bias = {bf16 ? static_cast<const void*>(bias16.data()) : bias.data(), 0, 1, c.n};
+    p.c = bf16 ? static_cast<void*>(c16.data()) : c32.data();
+    p.c_row_stride = ldc;
+    p.c_batch_stride = c.m * ldc;
+    p.alpha = c.alpha;
+    p.beta = c.beta;
+  }
+};
+
 // Runs one case and checks every element against the double reference computed from the
 // values actually stored (bf16-rounded inputs for bf16). Tolerance: float32 accumulation
 // error 1e-5 of Σ|a·b| (k ≤ 600 terms); bf16 output adds its rounding, 2^-8 relative.
 void run_case(const Case& c, nk::GemmDtype dtype, nk::IsaLevel level, const nk::ParallelFor& par) {
-  std::mt19937 rng(static_cast<unsigned>(c.m * 131 + c.n * 7 + c.k));
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  CaseData data(c, dtype);
+  nk::gemm(data.problem, par, level);
   const bool bf16 = dtype == nk::GemmDtype::kBFloat16;
-  auto quantize = [&](float v) { return bf16 ? nk::bf16_to_float(nk::float_to_bf16_rne(v)) : v; };
-  std::vector<float> a(c.batch * c.m * c.k), b(c.batch * c.k * c.n), bias(c.batch * c.n);
-  for (auto& v : a) v = quantize(dist(rng));
-  for (auto& v : b) v = quantize(dist(rng));
-  for (auto& v : bias) v = quantize(dist(rng));
-  // Storage: A as m×k row-major or k×m (transposed view); B likewise.
   const bool at = c.a_layout == Layout::kTransposed, bt = c.b_layout == Layout::kTransposed;
   auto a_at = [&](int64_t bi, int64_t i, int64_t k) {
-    return a[bi * c.m * c.k + (at ? k * c.m + i : i * c.k + k)];
+    return data.a[bi * c.m * c.k + (at ? k * c.m + i : i * c.k + k)];
   };
   auto b_at = [&](int64_t bi, int64_t k, int64_t j) {
-    return b[bi * c.k * c.n + (bt ? j * c.k + k : k * c.n + j)];
+    return data.b[bi * c.k * c.n + (bt ? j * c.k + k : k * c.n + j)];
   };
-  std::vector<uint16_t> a16(a.size()), b16(b.size()), bias16(bias.size());
-  for (size_t i = 0; i < a.size(); ++i) a16[i] = nk::float_to_bf16_rne(a[i]);
-  for (size_t i = 0; i < b.size(); ++i) b16[i] = nk::float_to_bf16_rne(b[i]);
-  for (size_t i = 0; i < bias.size(); ++i) bias16[i] = nk::float_to_bf16_rne(bias[i]);
-  const int64_t ldc = c.n + 3;  // a row stride wider than n
-  std::vector<float> c32(c.batch * c.m * ldc, NAN);
-  std::vector<uint16_t> c16(c.batch * c.m * ldc, 0x7fc0);
-
-  nk::GemmProblem p;
-  p.batch = c.batch;
-  p.m = c.m;
-  p.n = c.n;
-  p.k = c.k;
-  p.dtype = dtype;
-  p.a = {bf16 ? static_cast<const void*>(a16.data()) : a.data(), at ? 1 : c.k, at ? c.m : 1,
-         c.m * c.k};
-  p.b = {bf16 ? static_cast<const void*>(b16.data()) : b.data(), bt ? 1 : c.n, bt ? c.k : 1,
-         c.k * c.n};
-  if (c.bias) p.bias = {bf16 ? static_cast<const void*>(bias16.data()) : bias.data(), 0, 1, c.n};
-  p.c = bf16 ? static_cast<void*>(c16.data()) : c32.data();
-  p.c_row_stride = ldc;
-  p.c_batch_stride = c.m * ldc;
-  p.alpha = c.alpha;
-  p.beta = c.beta;
-  nk::gemm(p, par, level);
+  const std::vector<float>& bias = data.bias;
+  const std::vector<float>& c32 = data.c32;
+  const std::vector<uint16_t>& c16 = data.c16;
+  const int64_t ldc = data.ldc;
 
   const std::string what = describe(c, dtype, level);
   int64_t bad = 0;
@@ -201,6 +226,42 @@ TEST(Gemm, ThreadedSplitMatches) {
                threads);
       run_case({2, 300, 600, 100, Layout::kRowMajor, Layout::kRowMajor, false, 1, 1}, dtype, level,
                threads);
+    }
+  }
+}
+
+// Threads that share a product take narrower tiles (enough tiles for every thread to get
+// several), which must not change a single bit: each element's k order is the tile's
+// regardless of its shape. Shapes where the split halves columns (64 rows), rows (few
+// columns), both, columns until it can split no further, and nothing (too small), at 2 and
+// 3 threads.
+TEST(Gemm, SharedSplitGivesTheSerialBits) {
+  const int64_t shapes[][3] = {
+      {64, 256, 300}, {512, 48, 70}, {100, 300, 50}, {20, 200, 90}, {13, 20, 33}};
+  for (nk::IsaLevel level : host_levels()) {
+    for (nk::GemmDtype dtype : {nk::GemmDtype::kFloat32, nk::GemmDtype::kBFloat16}) {
+      for (const auto& s : shapes) {
+        for (Layout al : {Layout::kRowMajor, Layout::kTransposed}) {
+          for (Layout bl : {Layout::kRowMajor, Layout::kTransposed}) {
+            const Case c{1, s[0], s[1], s[2], al, bl, true, 1.0f, 1.0f};
+            CaseData serial(c, dtype);
+            nk::gemm(serial.problem, nk::serial_for(), level);
+            for (int threads : {2, 3}) {
+              CaseData shared(c, dtype);
+              nk::gemm(shared.problem, thread_for(threads), level);
+              const std::string what =
+                  describe(c, dtype, level) + " threads=" + std::to_string(threads);
+              if (dtype == nk::GemmDtype::kFloat32) {
+                ASSERT_EQ(0, std::memcmp(serial.c32.data(), shared.c32.data(),
+                                         serial.c32.size() * sizeof(float)))
+                    << what;
+              } else {
+                ASSERT_EQ(serial.c16, shared.c16) << what;
+              }
+            }
+          }
+        }
+      }
     }
   }
 }
