@@ -88,6 +88,57 @@ def test_results_do_not_depend_on_which_thread_ran_a_task(
     torch.testing.assert_close(shared[0].cpu().float(), expected, **tol)
 
 
+# Row and elementwise native kernels over 512 x 8000 (an LM head's logits: 125 tasks of
+# 32K elements). Each takes its inputs (standard normal, fixed seed) and returns a tensor.
+ROW_AND_ELEMENTWISE = {
+    "softmax": lambda x, g: torch.softmax(x, -1),
+    "log_softmax": lambda x, g: torch.log_softmax(x, -1),
+    "softmax_backward": lambda x, g: torch.ops.aten._softmax_backward_data(
+        g, torch.softmax(x, -1), -1, x.dtype
+    ),
+    "log_softmax_backward": lambda x, g: torch.ops.aten._log_softmax_backward_data(
+        g, torch.log_softmax(x, -1), -1, x.dtype
+    ),
+    "silu": lambda x, g: torch.nn.functional.silu(x),
+    "silu_backward": lambda x, g: torch.ops.aten.silu_backward(g, x),
+    "silu_mul": lambda x, g: torch.ops.torchneuron.silu_mul(x, g),
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "dtype"),
+    [(name, torch.float32) for name in ROW_AND_ELEMENTWISE]
+    # bf16 log_softmax keeps PyTorch's CPU kernel (native_row_ops.cpp), which is not shared.
+    + [(name, torch.bfloat16) for name in ROW_AND_ELEMENTWISE if "log_softmax" not in name],
+)
+def test_row_and_elementwise_kernels_are_shared_and_keep_their_bits(
+    name: str, dtype: torch.dtype
+) -> None:
+    fn = ROW_AND_ELEMENTWISE[name]
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(512, 8000, generator=g).to(dtype)
+    grad = torch.randn(512, 8000, generator=g).to(dtype)
+    xd, gd = x.to(DEV), grad.to(DEV)
+
+    def run() -> list[torch.Tensor]:  # several, so the wait finds one running
+        return [fn(xd, gd) for _ in range(4)]
+
+    with waiters_help(False):
+        alone, helped_off = _helped_during(run)
+    with waiters_help(True):
+        shared, helped = _helped_during(run)
+    assert helped_off == 0
+    if BLOCKING:
+        assert helped == 0
+    else:
+        assert helped > 0
+    for r in alone + shared:
+        assert torch.equal(r.cpu(), alone[0].cpu())
+    tol = {"rtol": 1e-5, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 1.6e-2, "atol": 1e-5}
+    expected = fn(x.float(), grad.float()).to(dtype)
+    torch.testing.assert_close(shared[0].cpu(), expected, **tol)
+
+
 def test_an_idle_worker_helps_a_compiled_graph() -> None:
     torch.manual_seed(1)
     a, b = torch.randn(512, 1024), torch.randn(1024, 1024)

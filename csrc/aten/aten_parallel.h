@@ -6,6 +6,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 
@@ -43,6 +44,23 @@ inline neuron::kernels::ParallelFor aten_parallel(int64_t work, int64_t serial_b
     at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) { body(begin, end); });
   };
   return par;
+}
+
+// Elements per task of the elementwise and row kernels: a multiple of every vector width.
+constexpr int64_t kElementsPerTask = 32768;
+
+// fn(begin, end) over [0, units) in chunks of `grain` units, one chunk per task of
+// aten_parallel (serial below 4 chunks' work). For kernels whose every unit (an element, a
+// row) is computed alone: with grain a multiple of their vector width, each unit takes the
+// same code path whatever the split, so results do not depend on who ran which chunk.
+template <class Fn>
+void parallel_chunks(int64_t units, int64_t grain, int64_t work_per_unit, Fn&& fn) {
+  if (units <= 0) return;
+  const int64_t tasks = (units + grain - 1) / grain;
+  const neuron::kernels::ParallelFor par =
+      aten_parallel(units * work_per_unit, 4 * grain * work_per_unit);
+  par.run(tasks,
+          [&](int64_t first, int64_t last) { fn(first * grain, std::min(units, last * grain)); });
 }
 
 }  // namespace torchneuron

@@ -6,7 +6,6 @@
 // registered from Python (compile_rewrites.py). Shapes or dtypes the kernel does not take
 // compute silu(gate) * up with aten ops, so the op is defined for every input.
 #include <ATen/Operators.h>
-#include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/silu.h>
@@ -18,6 +17,7 @@
 #include <tuple>
 
 #include "async_launch.h"
+#include "aten_parallel.h"
 #include "device_activity.h"
 #include "native_kernels.h"
 #include "row_kernels.h"
@@ -59,7 +59,7 @@ at::Tensor silu_mul(const at::Tensor& gate, const at::Tensor& up) {
   const void* b = up.const_data_ptr();
   void* y = out.mutable_data_ptr();
   const nk::RowKernels& kernels = nk::row_kernels();
-  at::parallel_for(0, gate.numel(), 32768, [&](int64_t begin, int64_t end) {
+  parallel_chunks(gate.numel(), kElementsPerTask, 1, [&](int64_t begin, int64_t end) {
     kernels.silu_mul(*dtype, a, b, y, begin, end);
   });
   return out;
@@ -88,7 +88,7 @@ std::tuple<at::Tensor, at::Tensor> silu_mul_backward(const at::Tensor& grad, con
   void* da = grad_gate.mutable_data_ptr();
   void* db = grad_up.mutable_data_ptr();
   const nk::RowKernels& kernels = nk::row_kernels();
-  at::parallel_for(0, gate.numel(), 32768, [&](int64_t begin, int64_t end) {
+  parallel_chunks(gate.numel(), kElementsPerTask, 1, [&](int64_t begin, int64_t end) {
     kernels.silu_mul_backward(*dtype, g, a, b, da, db, begin, end);
   });
   return {grad_gate, grad_up};

@@ -4,7 +4,6 @@
 // off switch) goes to PyTorch's CPU kernel through the host-kernel executor, so results
 // and errors there are the CPU's.
 #include <ATen/Operators.h>
-#include <ATen/Parallel.h>
 #include <ATen/native/CPUFallback.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/DeviceGuard.h>
@@ -14,6 +13,7 @@
 #include <optional>
 
 #include "async_launch.h"
+#include "aten_parallel.h"
 #include "device_activity.h"
 #include "device_placement.h"
 #include "device_storage.h"
@@ -71,11 +71,12 @@ bool reduces_last_dim(const at::Tensor& t, int64_t dim) {
   return wrapped == rank - 1 && t.numel() > 0;
 }
 
-// Rows split across PyTorch's intra-op threads, about 32K elements per task.
+// Whole rows per task, about 32K elements each (aten_parallel: shared with a waiting
+// thread, or PyTorch's intra-op threads).
 template <class Fn>
 void for_rows(int64_t rows, int64_t cols, Fn&& fn) {
-  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(cols, 1));
-  at::parallel_for(0, rows, grain, fn);
+  const int64_t grain = std::max<int64_t>(1, kElementsPerTask / std::max<int64_t>(cols, 1));
+  parallel_chunks(rows, grain, cols, fn);
 }
 
 // Bookkeeping every native run shares with the host kernels: the device timeline span and
@@ -156,7 +157,7 @@ at::Tensor silu(const at::Tensor& self) {
   const void* in = self.const_data_ptr();
   void* result = out.mutable_data_ptr();
   const nk::RowKernels& kernels = nk::row_kernels();
-  at::parallel_for(0, self.numel(), 32768, [&](int64_t begin, int64_t end) {
+  parallel_chunks(self.numel(), kElementsPerTask, 1, [&](int64_t begin, int64_t end) {
     kernels.silu(*dtype, in, result, begin, end);
   });
   return out;
@@ -177,7 +178,7 @@ at::Tensor silu_backward(const at::Tensor& grad_output, const at::Tensor& self) 
   const void* in = self.const_data_ptr();
   void* result = grad_input.mutable_data_ptr();
   const nk::RowKernels& kernels = nk::row_kernels();
-  at::parallel_for(0, self.numel(), 32768, [&](int64_t begin, int64_t end) {
+  parallel_chunks(self.numel(), kElementsPerTask, 1, [&](int64_t begin, int64_t end) {
     kernels.silu_backward(*dtype, grad, in, result, begin, end);
   });
   return grad_input;
