@@ -78,6 +78,9 @@ struct GemmTiles {
     store_as(out + i * p.c_row_stride + j * p.c_col_stride, scaled(p, bias, i, j, acc));
   }
 
+  // Whether rows of B `row_bytes` apart all map to the same L1 sets (see packed_tile).
+  static bool b_rows_share_sets(int64_t row_bytes) { return row_bytes % 4096 == 0; }
+
   // A's rows [0, mc) × columns [0, kc) into MR-row panels, k-major within a panel.
   template <class E>
   static void pack_a(const E* a, int64_t rs, int64_t cs, int64_t mc, int64_t kc, float* dst) {
@@ -194,7 +197,7 @@ struct GemmTiles {
     // B rows a multiple of 4 KB apart all map to the same L1 sets (64 sets of 64 B) and evict
     // each other over KC rows: read in place at a 2048-float stride, measured 54-66% of peak
     // against 65-81% packed (AVX2 host); a 768-float stride was no slower in place.
-    const bool b_same_sets = ldb * static_cast<int64_t>(sizeof(E)) % 4096 == 0;
+    const bool b_same_sets = b_rows_share_sets(ldb * static_cast<int64_t>(sizeof(E)));
     const bool b_direct = is_f32 && p.b.col_stride == 1 && nc % NR == 0 && !b_same_sets;
     const int64_t a_full = a_rows ? mc - mc % MR : 0;  // rows read row-major
     const E* bias = bias_of<E>(p, batch, i0, j0);
@@ -506,10 +509,13 @@ struct GemmTiles {
 
   // The output tile one task computes: MC × NC, or narrower when several threads share the
   // product, until each has kTasksPerThread tiles. Tasks are handed out one at a time, so
-  // the threads finish at most one tile apart: with 3 tiles for 2 threads (a 64-row
-  // product, a k/v projection) one thread idled a third of the time. Columns are halved
-  // first: the tile's B panel is packed per tile anyway, and A is mostly read in place;
-  // rows next, each halving repacking B once more. Down to 4 register tiles a side.
+  // the threads finish up to a tile apart: with 3 tiles for 2 threads (a 64-row product,
+  // a k/v projection) one thread idled a third of the time. Only where it repacks nothing:
+  // columns when A is row-major (read in place, or widened per tile anyway), rows when B
+  // is read in place. Otherwise every halving packs the other operand once more, which
+  // cost more than the balance gained (a transposed 64 × 768 × 2048 forward, its 2048-deep
+  // B packed per tile, went from 1.6-1.9x CPU eager's wall rate to 1.5x). Down to 4
+  // register tiles a side.
   static constexpr int64_t kTasksPerThread = 4;
   static TileShape tile_shape(const GemmProblem& p, int threads) {
     TileShape shape;
@@ -517,11 +523,14 @@ struct GemmTiles {
     shape.rows = std::min(MC, round_up(p.m, MR));
     shape.columns = std::min(NC, round_up(p.n, NR));
     if (threads <= 1) return shape;
+    const bool a_rows = p.a.col_stride == 1;
+    const bool b_in_place = p.dtype == GemmDtype::kFloat32 && p.b.col_stride == 1 &&
+                            !b_rows_share_sets(p.b.row_stride * int64_t{sizeof(float)});
     const int64_t wanted = kTasksPerThread * threads;
     while (p.batch * shape.row_tiles(p) * shape.column_tiles(p) < wanted) {
-      if (shape.columns >= 8 * NR) {
+      if (a_rows && shape.columns >= 8 * NR) {
         shape.columns = round_up(shape.columns / 2, NR);
-      } else if (shape.rows >= 8 * MR) {
+      } else if (b_in_place && shape.rows >= 8 * MR) {
         shape.rows = round_up(shape.rows / 2, MR);
       } else {
         break;

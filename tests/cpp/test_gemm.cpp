@@ -233,8 +233,8 @@ TEST(Gemm, ThreadedSplitMatches) {
 // Threads that share a product take narrower tiles (enough tiles for every thread to get
 // several), which must not change a single bit: each element's k order is the tile's
 // regardless of its shape. Shapes where the split halves columns (64 rows), rows (few
-// columns), both, columns until it can split no further, and nothing (too small), at 2 and
-// 3 threads.
+// columns), both, columns until it can split no further, and nothing (too small), each in
+// every layout (which decides what may be halved), at 2 and 3 threads.
 TEST(Gemm, SharedSplitGivesTheSerialBits) {
   const int64_t shapes[][3] = {
       {64, 256, 300}, {512, 48, 70}, {100, 300, 50}, {20, 200, 90}, {13, 20, 33}};
