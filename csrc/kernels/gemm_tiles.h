@@ -78,8 +78,15 @@ struct GemmTiles {
     store_as(out + i * p.c_row_stride + j * p.c_col_stride, scaled(p, bias, i, j, acc));
   }
 
-  // Whether rows of B `row_bytes` apart all map to the same L1 sets (see packed_tile).
-  static bool b_rows_share_sets(int64_t row_bytes) { return row_bytes % 4096 == 0; }
+  // Whether the register tile reads B in place (in whole NR-column panels): float32
+  // row-major B, but not rows a multiple of 4 KB apart. Those all map to the same L1 sets
+  // (64 sets of 64 B) and evict each other over KC rows: read in place at a 2048-float
+  // stride, measured 54-66% of peak against 65-81% packed (AVX2 host); a 768-float stride
+  // was no slower in place.
+  static bool b_read_in_place(const GemmProblem& p) {
+    return p.dtype == GemmDtype::kFloat32 && p.b.col_stride == 1 &&
+           p.b.row_stride * int64_t{sizeof(float)} % 4096 != 0;
+  }
 
   // A's rows [0, mc) × columns [0, kc) into MR-row panels, k-major within a panel.
   template <class E>
@@ -194,11 +201,7 @@ struct GemmTiles {
     // and read from there as float32 A is in place; B is packed.
     constexpr bool is_f32 = std::is_same_v<E, float>;
     const bool a_rows = p.a.col_stride == 1;  // A row-major: read by rows, not packed
-    // B rows a multiple of 4 KB apart all map to the same L1 sets (64 sets of 64 B) and evict
-    // each other over KC rows: read in place at a 2048-float stride, measured 54-66% of peak
-    // against 65-81% packed (AVX2 host); a 768-float stride was no slower in place.
-    const bool b_same_sets = b_rows_share_sets(ldb * static_cast<int64_t>(sizeof(E)));
-    const bool b_direct = is_f32 && p.b.col_stride == 1 && nc % NR == 0 && !b_same_sets;
+    const bool b_direct = b_read_in_place(p) && nc % NR == 0;
     const int64_t a_full = a_rows ? mc - mc % MR : 0;  // rows read row-major
     const E* bias = bias_of<E>(p, batch, i0, j0);
     E* out =
@@ -524,8 +527,7 @@ struct GemmTiles {
     shape.columns = std::min(NC, round_up(p.n, NR));
     if (threads <= 1) return shape;
     const bool a_rows = p.a.col_stride == 1;
-    const bool b_in_place = p.dtype == GemmDtype::kFloat32 && p.b.col_stride == 1 &&
-                            !b_rows_share_sets(p.b.row_stride * int64_t{sizeof(float)});
+    const bool b_in_place = b_read_in_place(p);
     const int64_t wanted = kTasksPerThread * threads;
     while (p.batch * shape.row_tiles(p) * shape.column_tiles(p) < wanted) {
       if (a_rows && shape.columns >= 8 * NR) {
