@@ -9,68 +9,92 @@
 #endif
 
 namespace nrt::dist {
+namespace {
+
+#if defined(__x86_64__)
+constexpr size_t kLine = 64;
+
+size_t misalignment(const void* p) { return reinterpret_cast<uintptr_t>(p) % kLine; }
+
+// Whole lines from s to d (d 64-byte aligned, n a multiple of 64): with streaming stores
+// (kStream) or ordinary ones, each line of s kPrefetchBytes ahead prefetched (kPrefetch),
+// and when `twice` is set also with ordinary stores to `twice`.
+template <bool kPrefetch, bool kStream>
+void copy_lines(char* d, const char* s, size_t n, char* twice) {
+  if (kPrefetch) {
+    for (size_t i = 0; i < std::min(n, kPrefetchBytes); i += kLine)
+      _mm_prefetch(s + i, _MM_HINT_T0);
+  }
+  for (size_t i = 0; i < n; i += kLine) {
+    if (kPrefetch) _mm_prefetch(s + i + kPrefetchBytes, _MM_HINT_T0);
+    __m128i x[4];
+    for (int k = 0; k < 4; ++k) x[k] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i) + k);
+    for (int k = 0; k < 4; ++k) {
+      auto* line = reinterpret_cast<__m128i*>(d + i) + k;
+      if (kStream) {
+        _mm_stream_si128(line, x[k]);
+      } else {
+        _mm_store_si128(line, x[k]);
+      }
+      if (twice != nullptr) _mm_storeu_si128(reinterpret_cast<__m128i*>(twice + i) + k, x[k]);
+    }
+  }
+}
+
+// Copies the head before dst's first line boundary and the tail after its last with
+// memcpy, and the lines between with `lines` (a copy_lines instance).
+template <class Lines>
+void copy_aligned(char* d, const char* s, size_t bytes, char* twice, Lines lines) {
+  const size_t head = std::min(bytes, (kLine - misalignment(d)) % kLine);
+  const size_t body = (bytes - head) / kLine * kLine;
+  const size_t tail = bytes - head - body;
+  std::memcpy(d, s, head);
+  if (twice != nullptr) std::memcpy(twice, s, head);
+  lines(d + head, s + head, body, twice == nullptr ? nullptr : twice + head);
+  std::memcpy(d + head + body, s + head + body, tail);
+  if (twice != nullptr) std::memcpy(twice + head + body, s + head + body, tail);
+}
+#endif
+
+}  // namespace
 
 void copy_streaming(void* dst, const void* src, size_t bytes) {
 #if defined(__x86_64__)
-  auto* d = static_cast<char*>(dst);
-  const auto* s = static_cast<const char*>(src);
-  // Cached stores up to the first 64-byte boundary of dst, then whole lines.
-  const size_t head = std::min(bytes, (64 - reinterpret_cast<uintptr_t>(d) % 64) % 64);
-  std::memcpy(d, s, head);
-  d += head;
-  s += head;
-  bytes -= head;
-  const size_t lines = bytes / 64;
-  for (size_t i = 0; i < lines; ++i, d += 64, s += 64) {
-    const __m128i x0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s));
-    const __m128i x1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16));
-    const __m128i x2 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 32));
-    const __m128i x3 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 48));
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d), x0);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + 16), x1);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + 32), x2);
-    _mm_stream_si128(reinterpret_cast<__m128i*>(d + 48), x3);
-  }
-  std::memcpy(d, s, bytes % 64);
+  copy_aligned(static_cast<char*>(dst), static_cast<const char*>(src), bytes, nullptr,
+               copy_lines<false, true>);
   _mm_sfence();
 #else
   std::memcpy(dst, src, bytes);
 #endif
 }
 
-void copy_twice(void* cached, void* out, const void* src, size_t bytes, bool stream) {
+void copy_from_staging(void* dst, const void* src, size_t bytes, bool stream) {
+#if defined(__x86_64__)
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  if (stream) {
+    copy_aligned(d, s, bytes, nullptr, copy_lines<true, true>);
+    _mm_sfence();
+  } else {
+    copy_aligned(d, s, bytes, nullptr, copy_lines<true, false>);
+  }
+#else
+  (void)stream;
+  std::memcpy(dst, src, bytes);
+#endif
+}
+
+void copy_twice(void* staging, void* out, const void* src, size_t bytes, bool stream) {
 #if defined(__x86_64__)
   if (stream) {
-    auto* c = static_cast<char*>(cached);
-    auto* d = static_cast<char*>(out);
-    const auto* s = static_cast<const char*>(src);
-    const size_t head = std::min(bytes, (64 - reinterpret_cast<uintptr_t>(d) % 64) % 64);
-    std::memcpy(c, s, head);
-    std::memcpy(d, s, head);
-    c += head;
-    d += head;
-    s += head;
-    bytes -= head;
-    const size_t lines = bytes / 64;
-    for (size_t i = 0; i < lines; ++i, c += 64, d += 64, s += 64) {
-      for (int k = 0; k < 64; k += 16) {
-        const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + k));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(c + k), x);
-        _mm_stream_si128(reinterpret_cast<__m128i*>(d + k), x);
-      }
-    }
-    std::memcpy(c, s, bytes % 64);
-    std::memcpy(d, s, bytes % 64);
+    copy_aligned(static_cast<char*>(out), static_cast<const char*>(src), bytes,
+                 static_cast<char*>(staging), copy_lines<false, true>);
     _mm_sfence();
     return;
   }
 #endif
-  std::memcpy(cached, src, bytes);
-  if (stream) {
-    copy_streaming(out, cached, bytes);
-  } else {
-    std::memcpy(out, cached, bytes);  // from the copy just made: in cache
-  }
+  std::memcpy(staging, src, bytes);
+  std::memcpy(out, staging, bytes);  // from the copy just made: in cache
 }
 
 }  // namespace nrt::dist

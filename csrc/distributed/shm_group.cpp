@@ -365,14 +365,6 @@ char* ShmGroup::buffer(int r, uint64_t round) const {
   return slot(r) + (round & 1) * buffer_bytes();
 }
 
-void ShmGroup::copy_out(void* dst, const void* src, size_t bytes, bool stream) {
-  if (stream) {
-    copy_streaming(dst, src, bytes);
-  } else {
-    std::memcpy(dst, src, bytes);
-  }
-}
-
 void ShmGroup::reduce_sources(char* dst, const char* const* sources, size_t count, ElementType type,
                               ReduceOp op, bool stream) {
   const bool aliased = std::find(sources + 2, sources + size_, dst) != sources + size_;
@@ -391,7 +383,11 @@ void ShmGroup::reduce_sources(char* dst, const char* const* sources, size_t coun
     const size_t at = done * esize;
     combine(tile, sources[0] + at, sources[1] + at, n, type, op);
     for (int s = 2; s < size_; ++s) reduce_into(tile, sources[s] + at, n, type, op);
-    copy_out(dst + at, tile, n * esize, stream);
+    if (stream) {
+      copy_streaming(dst + at, tile, n * esize);
+    } else {
+      std::memcpy(dst + at, tile, n * esize);
+    }
   }
 }
 
@@ -439,14 +435,15 @@ void ShmGroup::all_reduce(void* data, size_t count, ElementType type, ReduceOp o
         sources[s] = (s == rank_ ? in : buffer(s, round)) + lo * esize;
       }
       reduce_sources(mine + lo * esize, sources.data(), hi - lo, type, op, false);
-      copy_out(in + lo * esize, mine + lo * esize, (hi - lo) * esize, stream);
+      copy_from_staging(in + lo * esize, mine + lo * esize, (hi - lo) * esize, stream);
     }
     arrive_and_wait("all_reduce");
     for (int s = 0; s < size_; ++s) {
       const size_t from = std::min(n, share * s);
       const size_t to = std::min(n, from + share);
       if (s != rank_ && to > from) {
-        copy_out(in + from * esize, buffer(s, round) + from * esize, (to - from) * esize, stream);
+        copy_from_staging(in + from * esize, buffer(s, round) + from * esize, (to - from) * esize,
+                          stream);
       }
     }
   }
@@ -466,7 +463,7 @@ void ShmGroup::all_gather(const void* in, void* out, size_t bytes, const char* p
     copy_twice(buffer(rank_, round), dst + bytes * rank_ + offset, src + offset, n, stream);
     arrive_and_wait("all_gather");
     for (int r = 0; r < size_; ++r) {
-      if (r != rank_) copy_out(dst + bytes * r + offset, buffer(r, round), n, stream);
+      if (r != rank_) copy_from_staging(dst + bytes * r + offset, buffer(r, round), n, stream);
     }
   }
 }
@@ -499,11 +496,12 @@ void ShmGroup::reduce_scatter(const void* in, void* out, size_t count, ElementTy
           s == rank_ ? src + (rank_ * count + offset) * esize : buffer(s, round) + rank_ * region;
     }
     if (size_ == 1) {
-      copy_out(dst + offset * esize, sources[0], n * esize, stream);
+      copy_from_staging(dst + offset * esize, sources[0], n * esize, stream);
     } else {
-      // Cached stores even for large outputs: streaming them through an L1 tile costs
-      // more CPU than the output-line reads it saves (measured ~15% slower at 64 MiB).
-      reduce_sources(dst + offset * esize, sources.data(), n, type, op, false);
+      // Large outputs stream through an L1 tile: it costs a copy from L1, and saves
+      // reading every output line from memory first (8-9% faster at 256 MiB, 1-4% at
+      // 64 MiB, on a quiet host; ~15% slower at 64 MiB on one starved of CPU).
+      reduce_sources(dst + offset * esize, sources.data(), n, type, op, stream);
     }
   }
 }
@@ -523,7 +521,7 @@ void ShmGroup::broadcast(void* data, size_t bytes, int root, const char* payload
     const size_t n = std::min(per_round, bytes - offset);
     if (rank_ == root) std::memcpy(buffer(root, round), buf + offset, n);
     arrive_and_wait("broadcast");
-    if (rank_ != root) copy_out(buf + offset, buffer(root, round), n, stream);
+    if (rank_ != root) copy_from_staging(buf + offset, buffer(root, round), n, stream);
   }
 }
 
@@ -576,8 +574,8 @@ void ShmGroup::all_to_all(const void* in, const size_t* send_bytes, void* out,
     arrive_and_wait("all_to_all");
     for (int s = 0; s < size_; ++s) {
       if (recv_bytes[s] > done) {
-        std::memcpy(dst + recv_offset[s] + done, buffer(s, round) + rank_ * block,
-                    std::min<uint64_t>(block, recv_bytes[s] - done));
+        copy_from_staging(dst + recv_offset[s] + done, buffer(s, round) + rank_ * block,
+                          std::min<uint64_t>(block, recv_bytes[s] - done), false);
       }
     }
   }

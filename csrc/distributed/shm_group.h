@@ -94,7 +94,6 @@ class ShmGroup {
   // Rank r's staging buffer for round `round` of a collective (two, used in turn).
   size_t buffer_bytes() const;
   char* buffer(int r, uint64_t round) const;
-  void copy_out(void* dst, const void* src, size_t bytes, bool stream);
   // dst = sources[0] op sources[1] op ... (size() of them, in rank order).
   void reduce_sources(char* dst, const char* const* sources, size_t count, ElementType type,
                       ReduceOp op, bool stream);
