@@ -366,7 +366,11 @@ struct GemmTiles {
   // gemv_row for bf16 W, read 2W elements at a time as W pairs (V::load_pairs): widening
   // element by element made the GEMV compute-bound on hosts without bf16 instructions. The
   // activation rows come laid out to match (split_pairs); the tail past the last whole
-  // block stays in order.
+  // block stays in order. W is prefetched kGemvPrefetchBytes ahead: with three loads per
+  // vector of W (W and two of x) the hardware prefetcher alone kept it at 0.75 of a plain
+  // sum's rate from memory, 0.79-0.82 with it (1.05x median over 9 runs, AVX2 host);
+  // float32's GEMV, one x load per vector of W, reaches 0.95 without.
+  static constexpr int64_t kGemvPrefetchBytes = 1024;
   template <int MB>
   static void gemv_row_pairs(const float* x, int64_t k, const uint16_t* w, float* dots) {
     constexpr int64_t B = 2 * W;        // elements per block
@@ -388,6 +392,12 @@ struct GemmTiles {
     };
     int64_t kk = 0;
     for (; kk + P * B <= k; kk += P * B) {
+      // Every line of the step's W, kGemvPrefetchBytes ahead (past the row's end: the next
+      // rows, which come next).
+      const char* ahead = reinterpret_cast<const char*>(w + kk) + kGemvPrefetchBytes;
+      for (int64_t line = 0; line < P * B * int64_t{sizeof(uint16_t)}; line += 64) {
+        __builtin_prefetch(ahead + line, 0, 3);
+      }
 #pragma GCC unroll 2
       for (int q = 0; q < P; ++q) block(kk + q * B, 2 * q);
     }
