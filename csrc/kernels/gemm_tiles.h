@@ -367,8 +367,8 @@ struct GemmTiles {
   // element by element made the GEMV compute-bound on hosts without bf16 instructions. The
   // activation rows come laid out to match (split_pairs); the tail past the last whole
   // block stays in order. W is prefetched kGemvPrefetchBytes ahead: with three loads per
-  // vector of W (W and two of x) the hardware prefetcher alone kept it at 0.75 of a plain
-  // sum's rate from memory, 0.79-0.82 with it (1.05x median over 9 runs, AVX2 host);
+  // vector of W (W and two of x) the hardware prefetcher alone kept it at 0.65-0.78 of a
+  // plain sum's rate from memory, 0.67-0.82 with it (1.05x median over 9 runs, AVX2 host);
   // float32's GEMV, one x load per vector of W, reaches 0.95 without.
   static constexpr int64_t kGemvPrefetchBytes = 1024;
   template <int MB>
