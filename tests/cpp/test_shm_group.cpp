@@ -333,6 +333,11 @@ TEST(ShmGroup, StreamedOutputsAcrossRoundsMatchClosedForms) {
         for (size_t i = 0; i < n; ++i) {
           if (out[1 + i] != static_cast<float>((rank * n + i) % 977)) return 3;
         }
+        // SUM: with two ranks and streaming, add_streaming's one pass.
+        group.reduce_scatter(v, out.data() + 1, n, ElementType::kFloat32, ReduceOp::kSum);
+        for (size_t i = 0; i < n; ++i) {
+          if (out[1 + i] != static_cast<float>(size * ((rank * n + i) % 977))) return 6;
+        }
         std::vector<uint16_t> h(n, to_bf16(static_cast<float>(rank + 1)));
         group.all_reduce(h.data(), n, ElementType::kBFloat16, ReduceOp::kSum);
         for (uint16_t x : h) {
