@@ -58,16 +58,6 @@ void copy_aligned(char* d, const char* s, size_t bytes, char* twice, Lines lines
 
 }  // namespace
 
-void copy_streaming(void* dst, const void* src, size_t bytes) {
-#if defined(__x86_64__)
-  copy_aligned(static_cast<char*>(dst), static_cast<const char*>(src), bytes, nullptr,
-               copy_lines<false, true>);
-  _mm_sfence();
-#else
-  std::memcpy(dst, src, bytes);
-#endif
-}
-
 void copy_from_staging(void* dst, const void* src, size_t bytes, bool stream) {
 #if defined(__x86_64__)
   auto* d = static_cast<char*>(dst);

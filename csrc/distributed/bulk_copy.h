@@ -17,26 +17,25 @@ namespace nrt::dist {
 // a cross-core fetch, near enough to stay in L1 until it is used.
 constexpr size_t kPrefetchBytes = 2048;
 
-// memcpy, but with stores that bypass the caches where the CPU has them (x86-64): for
-// outputs larger than the caches, which the collective will not read again. It leaves
-// the staging buffers in cache for the peers, and it writes each output line once instead
-// of first reading it into the cache (half the memory traffic of a cached store).
-// Ends with a store fence, so a following release store orders after the copied bytes.
-void copy_streaming(void* dst, const void* src, size_t bytes);
+// Streaming stores (below) bypass the caches where the CPU has them (x86-64): for outputs
+// larger than the caches, which the collective will not read again. They leave the staging
+// buffers in cache for the peers, and write each output line once instead of first reading
+// it into the cache (half the memory traffic of a cached store). Functions that use them
+// end with a store fence, so a following release store orders after the written bytes.
 
-// From a staging buffer (any rank's) into user memory: the loop above, with the stores of
-// copy_streaming when `stream` is set, else ordinary ones.
+// From a staging buffer (any rank's) into user memory: the loop above, with streaming
+// stores when `stream` is set, else ordinary ones.
 void copy_from_staging(void* dst, const void* src, size_t bytes, bool stream);
 
-// dst[i] = a[i] + b[i] over `count` float32 elements, dst written as copy_streaming writes
-// it, and also to `cached` with ordinary stores when that is set. dst may be a or b. The
-// commonest reduction (SUM) of a two-rank collective's large output, in one pass: through
-// an L1 tile and copy_streaming, one rank's reduce_scatter work took 1.3x as long (C++
-// emulation at 256 MiB). The bits are combine()'s.
+// dst[i] = a[i] + b[i] over `count` float32 elements, dst written with streaming stores, and
+// also to `cached` with ordinary stores when that is set. dst may be a or b. The commonest
+// reduction (SUM) of a two-rank collective's large output, in one pass: through an L1 tile
+// and a streamed copy, one rank's reduce_scatter work took 1.3x as long (C++ emulation at
+// 256 MiB). The bits are combine()'s.
 void add_streaming(float* dst, const float* a, const float* b, size_t count,
                    float* cached = nullptr);
 
-// Copies src to `staging` with ordinary stores and to `out` as copy_streaming (or memcpy
+// Copies src to `staging` with ordinary stores and to `out` with streaming ones (or memcpy
 // when `stream` is false), reading src once: a rank's staging buffer and its own output part.
 void copy_twice(void* staging, void* out, const void* src, size_t bytes, bool stream);
 

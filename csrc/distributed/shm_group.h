@@ -96,7 +96,9 @@ class ShmGroup {
   char* buffer(int r, uint64_t round) const;
   // dst = sources[0] op sources[1] op ... (size() of them, in rank order).
   void reduce_sources(char* dst, const char* const* sources, size_t count, ElementType type,
-                      ReduceOp op, bool stream);
+                      ReduceOp op);
+  // Whether a streamed output is reduced by add_streaming (bulk_copy.h) in one pass.
+  bool one_pass_sum(ElementType type, ReduceOp op) const;
   static constexpr size_t kReduceTileBytes = 16 << 10;
   static constexpr size_t kSmallAllReduceBytes = 64 << 10;
   // Publishes this rank's description of the collective and checks every rank's after

@@ -46,11 +46,6 @@ void check_all(const Copy& copy, const std::string& what) {
 
 }  // namespace
 
-TEST(BulkCopy, StreamingCopyMatchesSource) {
-  check_all([](void* d, const void* s, size_t n) { nrt::dist::copy_streaming(d, s, n); },
-            "copy_streaming");
-}
-
 TEST(BulkCopy, CopyFromStagingMatchesSourceStreamedOrNot) {
   for (bool stream : {false, true}) {
     check_all([stream](void* d, const void* s,
