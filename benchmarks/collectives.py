@@ -18,7 +18,10 @@ with libc memcpy (what the collectives copy with), one thread per process. The r
 is the concurrent figure (both ranks copying at once, per rank): a collective keeps both
 ranks copying at the same time, through the same caches and memory controllers, so that is
 the bandwidth each rank can have; one process alone may get more of the shared memory
-system (printed for comparison).
+system (printed for comparison). "busbw / memcpy" is paired: the ratio of each round's
+neuron block to the memcpy block beside it, then the median over rounds, so a change in
+the host's speed between rounds (this project's shared hosts drift by 2x within seconds)
+moves both sides of a ratio alike; the bandwidth columns are each side's own median.
 
 Targets: issue 6, at least 3x Gloo's bus bandwidth from 1 MiB up and latency no worse than
 Gloo's below 1 MiB; issue 15, bus bandwidth at least 0.5x the concurrent memcpy bandwidth
@@ -153,7 +156,14 @@ def rank_main(
                 order = names[r % len(names) :] + names[: r % len(names)]
                 for name in order:
                     samples[name].append(time_block(name, fns[name], rank, iterations[name]))
-            rows.append((op, nbytes, {k: statistics.median(v) for k, v in samples.items()}))
+            medians = {k: statistics.median(v) for k, v in samples.items()}
+            # The target's ratio round by round (each neuron block beside its memcpy block,
+            # under the same host conditions), then the median of those.
+            paired = statistics.median(
+                bus_bytes(op, nbytes, WORLD) / n / (nbytes / m)
+                for n, m in zip(samples["neuron"], samples["memcpy"], strict=True)
+            )
+            rows.append((op, nbytes, medians, paired))
             if rank == 0:
                 print(f"{op} {label(nbytes)} done", flush=True)
             del fns
@@ -166,18 +176,17 @@ def label(nbytes: int) -> str:
     return f"{nbytes // MiB} MiB" if nbytes >= MiB else f"{nbytes // 1024} KiB"
 
 
-def table(rows: list[tuple[str, int, dict[str, float]]]) -> tuple[Table, int, int]:
+def table(rows: list[tuple[str, int, dict[str, float], float]]) -> tuple[Table, int, int]:
     gloo = "gloo" in rows[0][2]
     header = ["op", "size", "neuron µs", "neuron busbw GB/s"]
     if gloo:
         header += ["gloo µs", "gloo busbw GB/s", "vs gloo"]
     header += ["memcpy 1-proc GB/s", "memcpy 2-proc GB/s", "busbw / memcpy", "target", "pass/miss"]
     body, passed, total = [], 0, 0
-    for op, nbytes, t in rows:
+    for op, nbytes, t, ratio in rows:
         busbw = bus_bytes(op, nbytes, WORLD) / t["neuron"] / 1e9
         memcpy = nbytes / t["memcpy"] / 1e9
         memcpy1 = nbytes / t["memcpy1"] / 1e9
-        ratio = busbw / memcpy
         row = [op, label(nbytes), fmt(t["neuron"] * 1e6), fmt(busbw)]
         targets, ok = [], True
         if gloo:
