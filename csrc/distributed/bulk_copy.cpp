@@ -74,31 +74,6 @@ void copy_from_staging(void* dst, const void* src, size_t bytes, bool stream) {
 #endif
 }
 
-void add_streaming(float* dst, const float* a, const float* b, size_t count, float* cached) {
-  size_t i = 0;
-  auto scalar = [&](size_t end) {
-    for (; i < end; ++i) {
-      const float sum = a[i] + b[i];
-      dst[i] = sum;
-      if (cached != nullptr) cached[i] = sum;
-    }
-  };
-#if defined(__x86_64__)
-  // Plain stores up to dst's first line boundary (floats are 4-byte aligned), then whole
-  // lines of streaming stores.
-  while (i < count && misalignment(dst + i) != 0) scalar(i + 1);
-  for (; i + 16 <= count; i += 16) {
-    for (size_t k = i; k < i + 16; k += 4) {
-      const __m128 sum = _mm_add_ps(_mm_loadu_ps(a + k), _mm_loadu_ps(b + k));
-      _mm_stream_ps(dst + k, sum);
-      if (cached != nullptr) _mm_storeu_ps(cached + k, sum);
-    }
-  }
-  _mm_sfence();
-#endif
-  scalar(count);
-}
-
 void copy_twice(void* staging, void* out, const void* src, size_t bytes, bool stream) {
 #if defined(__x86_64__)
   if (stream) {

@@ -27,14 +27,6 @@ constexpr size_t kPrefetchBytes = 2048;
 // stores when `stream` is set, else ordinary ones.
 void copy_from_staging(void* dst, const void* src, size_t bytes, bool stream);
 
-// dst[i] = a[i] + b[i] over `count` float32 elements, dst written with streaming stores, and
-// also to `cached` with ordinary stores when that is set. dst may be a or b. The commonest
-// reduction (SUM) of a two-rank collective's large output, in one pass: through an L1 tile
-// and a streamed copy, one rank's reduce_scatter work took 1.3x as long (C++ emulation at
-// 256 MiB). The bits are combine()'s.
-void add_streaming(float* dst, const float* a, const float* b, size_t count,
-                   float* cached = nullptr);
-
 // Copies src to `staging` with ordinary stores and to `out` with streaming ones (or memcpy
 // when `stream` is false), reading src once: a rank's staging buffer and its own output part.
 void copy_twice(void* staging, void* out, const void* src, size_t bytes, bool stream);

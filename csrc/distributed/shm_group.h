@@ -97,8 +97,11 @@ class ShmGroup {
   // dst = sources[0] op sources[1] op ... (size() of them, in rank order).
   void reduce_sources(char* dst, const char* const* sources, size_t count, ElementType type,
                       ReduceOp op);
-  // Whether a streamed output is reduced by add_streaming (bulk_copy.h) in one pass.
-  bool one_pass_sum(ElementType type, ReduceOp op) const;
+  // dst = a + b (and the same into `cached` when set) in one pass with streaming stores
+  // (streaming_sum.h), for a SUM of two ranks in float32, or bfloat16 on AVX2 hosts; false,
+  // having done nothing, otherwise.
+  bool sum_streaming(char* dst, const char* a, const char* b, size_t count, ElementType type,
+                     ReduceOp op, char* cached = nullptr) const;
   static constexpr size_t kReduceTileBytes = 16 << 10;
   static constexpr size_t kSmallAllReduceBytes = 64 << 10;
   // Publishes this rank's description of the collective and checks every rank's after

@@ -69,36 +69,3 @@ TEST(BulkCopy, CopyTwiceFillsStagingAndOutput) {
     }
   }
 }
-
-// add_streaming against the element-wise sums, for every float offset of the destination
-// within a line and of the operands, with the bytes around the destination untouched; with
-// and without the second, cached destination.
-TEST(BulkCopy, AddStreamingMatchesElementwiseSums) {
-  alignas(64) static float a[2200], b[2200], dst[2400], cached[2400];
-  for (size_t i = 0; i < 2200; ++i) {
-    a[i] = 0.37f * static_cast<float>(i) - 100.0f;
-    b[i] = 1.0f / static_cast<float>(i + 3);
-  }
-  for (bool twice : {false, true}) {
-    for (size_t count : {size_t{0}, size_t{1}, size_t{15}, size_t{16}, size_t{17}, size_t{100},
-                         size_t{2048}, size_t{2049}}) {
-      for (size_t so : {size_t{0}, size_t{3}}) {
-        for (size_t doff = 0; doff < 16; doff += 5) {
-          for (float& x : dst) x = -7.0f;
-          for (float& x : cached) x = -7.0f;
-          nrt::dist::add_streaming(dst + 16 + doff, a + so, b + so, count,
-                                   twice ? cached + 5 : nullptr);
-          for (size_t i = 0; i < 2400; ++i) {
-            const bool inside = i >= 16 + doff && i < 16 + doff + count;
-            const float want = inside ? a[so + i - 16 - doff] + b[so + i - 16 - doff] : -7.0f;
-            ASSERT_EQ(dst[i], want) << count << " floats, operand offset " << so
-                                    << ", destination offset " << doff << ", float " << i;
-            const bool in_cached = twice && i >= 5 && i < 5 + count;
-            const float want_cached = in_cached ? a[so + i - 5] + b[so + i - 5] : -7.0f;
-            ASSERT_EQ(cached[i], want_cached) << "cached copy, " << count << " floats, float " << i;
-          }
-        }
-      }
-    }
-  }
-}

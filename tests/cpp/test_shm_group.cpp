@@ -338,6 +338,14 @@ TEST(ShmGroup, StreamedOutputsAcrossRoundsMatchClosedForms) {
         for (size_t i = 0; i < n; ++i) {
           if (out[1 + i] != static_cast<float>(size * ((rank * n + i) % 977))) return 6;
         }
+        // bf16 SUM (add_streaming_bf16 with two ranks); sums below 256 are exact in bf16.
+        std::vector<uint16_t> hin(n * size), hout(n + 1, 0);
+        for (size_t i = 0; i < hin.size(); ++i) hin[i] = to_bf16(static_cast<float>(i % 61));
+        group.reduce_scatter(hin.data(), hout.data() + 1, n, ElementType::kBFloat16,
+                             ReduceOp::kSum);
+        for (size_t i = 0; i < n; ++i) {
+          if (from_bf16(hout[1 + i]) != static_cast<float>(size * ((rank * n + i) % 61))) return 7;
+        }
         std::vector<uint16_t> h(n, to_bf16(static_cast<float>(rank + 1)));
         group.all_reduce(h.data(), n, ElementType::kBFloat16, ReduceOp::kSum);
         for (uint16_t x : h) {

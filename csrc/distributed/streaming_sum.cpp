@@ -1,0 +1,90 @@
+#include "streaming_sum.h"
+
+#include <cstdint>
+#include <cstring>
+
+#include "cpu_features.h"
+
+#if defined(__x86_64__)
+#include <emmintrin.h>  // SSE2: part of every x86-64 CPU, so no run-time check is needed
+#endif
+
+namespace nrt::dist {
+
+#if defined(__x86_64__)
+// streaming_sum.avx2.cpp: add_streaming_bf16's vector loop.
+void add_streaming_bf16_avx2(uint16_t* dst, const uint16_t* a, const uint16_t* b, size_t n,
+                             uint16_t* cached);
+#endif
+
+namespace {
+
+#if defined(__x86_64__)
+// Plain stores until dst reaches a 64-byte boundary, so the vector loop writes whole lines.
+bool on_line(const void* p) { return reinterpret_cast<uintptr_t>(p) % 64 == 0; }
+#endif
+
+float widen(uint16_t bf16) {
+  const uint32_t bits = static_cast<uint32_t>(bf16) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// Round to nearest even; NaN stays NaN (quiet): element_kernels.h's scalar_float_to_bf16.
+uint16_t narrow(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  const uint32_t rounded = bits + 0x7FFF + ((bits >> 16) & 1);
+  return static_cast<uint16_t>((f != f ? bits | 0x400000 : rounded) >> 16);
+}
+
+}  // namespace
+
+void add_streaming(float* dst, const float* a, const float* b, size_t count, float* cached) {
+  size_t i = 0;
+  auto scalar = [&](size_t end) {
+    for (; i < end; ++i) {
+      const float sum = a[i] + b[i];
+      dst[i] = sum;
+      if (cached != nullptr) cached[i] = sum;
+    }
+  };
+#if defined(__x86_64__)
+  while (i < count && !on_line(dst + i)) scalar(i + 1);  // floats are 4-byte aligned
+  for (; i + 16 <= count; i += 16) {
+    for (size_t k = i; k < i + 16; k += 4) {
+      const __m128 sum = _mm_add_ps(_mm_loadu_ps(a + k), _mm_loadu_ps(b + k));
+      _mm_stream_ps(dst + k, sum);
+      if (cached != nullptr) _mm_storeu_ps(cached + k, sum);
+    }
+  }
+  _mm_sfence();
+#endif
+  scalar(count);
+}
+
+void add_streaming_bf16(uint16_t* dst, const uint16_t* a, const uint16_t* b, size_t count,
+                        uint16_t* cached) {
+  size_t i = 0;
+  auto scalar = [&](size_t end) {
+    for (; i < end; ++i) {
+      const uint16_t sum = narrow(widen(a[i]) + widen(b[i]));
+      dst[i] = sum;
+      if (cached != nullptr) cached[i] = sum;
+    }
+  };
+#if defined(__x86_64__)
+  while (i < count && !on_line(dst + i)) scalar(i + 1);  // bf16 is 2-byte aligned
+  static const bool avx2 = neuron::kernels::isa_level() >= neuron::kernels::IsaLevel::kAvx2;
+  if (avx2) {
+    const size_t lines = (count - i) / 32 * 32;
+    add_streaming_bf16_avx2(dst + i, a + i, b + i, lines, cached == nullptr ? nullptr : cached + i);
+    i += lines;
+  }
+  _mm_sfence();
+#endif
+  scalar(count);
+}
+
+}  // namespace nrt::dist
