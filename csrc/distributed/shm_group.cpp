@@ -522,7 +522,7 @@ void ShmGroup::reduce_scatter(const void* in, void* out, size_t count, ElementTy
     } else if (!stream ||
                !sum_streaming(dst + offset * esize, sources[0], sources[1], n, type, op)) {
       // Cached stores otherwise: streaming through an L1 tile cost more CPU than the
-      // output-line reads it saves (bf16 at 16-64 MiB: 0.76-0.87x the time).
+      // output-line reads it saves (bf16 at 16-64 MiB: 0.76-0.87x as fast).
       reduce_sources(dst + offset * esize, sources.data(), n, type, op);
     }
   }

@@ -7,7 +7,6 @@
 #include <cstring>
 #include <functional>
 #include <string>
-#include <vector>
 
 #include "bulk_copy.h"
 
