@@ -25,7 +25,6 @@
 #include <vector>
 
 #include "bulk_copy.h"
-#include "cpu_features.h"
 #include "streaming_sum.h"
 
 namespace nrt::dist {
@@ -399,8 +398,7 @@ bool ShmGroup::sum_streaming(char* dst, const char* a, const char* b, size_t cou
   }
   // bf16 where add_streaming_bf16 is vectorised (AVX2): 1.5-1.9x the general path for
   // reduce_scatter and all_reduce at 16-256 MiB.
-  static const bool avx2 = neuron::kernels::isa_level() >= neuron::kernels::IsaLevel::kAvx2;
-  if (type == ElementType::kBFloat16 && avx2) {
+  if (type == ElementType::kBFloat16 && bf16_sum_vectorised()) {
     add_streaming_bf16(reinterpret_cast<uint16_t*>(dst), reinterpret_cast<const uint16_t*>(a),
                        reinterpret_cast<const uint16_t*>(b), count,
                        reinterpret_cast<uint16_t*>(cached));

@@ -64,6 +64,15 @@ void add_streaming(float* dst, const float* a, const float* b, size_t count, flo
   scalar(count);
 }
 
+bool bf16_sum_vectorised() {
+#if defined(__x86_64__)
+  static const bool avx2 = neuron::kernels::isa_level() >= neuron::kernels::IsaLevel::kAvx2;
+  return avx2;
+#else
+  return false;
+#endif
+}
+
 void add_streaming_bf16(uint16_t* dst, const uint16_t* a, const uint16_t* b, size_t count,
                         uint16_t* cached) {
   size_t i = 0;
@@ -76,8 +85,7 @@ void add_streaming_bf16(uint16_t* dst, const uint16_t* a, const uint16_t* b, siz
   };
 #if defined(__x86_64__)
   while (i < count && !on_line(dst + i)) scalar(i + 1);  // bf16 is 2-byte aligned
-  static const bool avx2 = neuron::kernels::isa_level() >= neuron::kernels::IsaLevel::kAvx2;
-  if (avx2) {
+  if (bf16_sum_vectorised()) {
     const size_t lines = (count - i) / 32 * 32;
     add_streaming_bf16_avx2(dst + i, a + i, b + i, lines, cached == nullptr ? nullptr : cached + i);
     i += lines;

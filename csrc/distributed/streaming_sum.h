@@ -25,4 +25,8 @@ void add_streaming(float* dst, const float* a, const float* b, size_t count,
 void add_streaming_bf16(uint16_t* dst, const uint16_t* a, const uint16_t* b, size_t count,
                         uint16_t* cached = nullptr);
 
+// Whether add_streaming_bf16 is vectorised on this host (AVX2, within TORCHNEURON_KERNEL_ISA's
+// cap); elsewhere it goes element by element.
+bool bf16_sum_vectorised();
+
 }  // namespace nrt::dist
