@@ -29,12 +29,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _entry(fn: Callable[[int, int], object], rank: int, size: int, port: int, results) -> None:
+def _entry(
+    fn: Callable[[int, int], object],
+    rank: int,
+    size: int,
+    port: int,
+    results,
+    group_timeout_s: float | None = None,
+) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank))
     try:
+        import datetime
+
         import torch.distributed as dist
 
-        dist.init_process_group("neuron", rank=rank, world_size=size)
+        # Set at the first init: re-initialising on the same port races the old store's
+        # shutdown (a rank can join the old server just before rank 0 closes it).
+        timeout = None if group_timeout_s is None else datetime.timedelta(seconds=group_timeout_s)
+        dist.init_process_group("neuron", rank=rank, world_size=size, timeout=timeout)
         value = fn(rank, size)
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -268,15 +280,11 @@ def test_ddp_fsdp2_and_tensor_parallel_equal_one_device(size):
 
 
 def _killed_peer(rank: int, size: int) -> str:
-    import datetime
     import signal
     import time
 
     import torch.distributed as dist
 
-    dist.destroy_process_group()
-    # A long group timeout: the exit must be noticed by liveness, not by the timeout.
-    dist.init_process_group("neuron", rank=rank, world_size=size, timeout=datetime.timedelta(60))
     dist.all_reduce(torch.ones(4, device="neuron"))
     if rank == 1:
         os.kill(os.getpid(), signal.SIGKILL)  # dies without joining the next collective
@@ -298,8 +306,6 @@ def _stalled_peer(rank: int, size: int) -> str:
 
     import torch.distributed as dist
 
-    dist.destroy_process_group()
-    dist.init_process_group("neuron", rank=rank, world_size=size, timeout=datetime.timedelta(60))
     if rank == 1:
         time.sleep(3)  # alive, but late for rank 0's barrier
         try:
@@ -322,11 +328,12 @@ def _stalled_peer(rank: int, size: int) -> str:
 
 
 def _run_fault(fn: Callable[[int, int], object]) -> list[int | None]:
-    """Runs a fault scenario whose ranks end with os._exit(0) once their checks pass."""
+    """Runs a fault scenario whose ranks end with os._exit(0) once their checks pass. The group
+    timeout is a long 60 s: faults must be noticed by liveness or the call's own timeout."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_entry, args=(fn, r, 2, port, results)) for r in range(2)]
+    procs = [ctx.Process(target=_entry, args=(fn, r, 2, port, results, 60.0)) for r in range(2)]
     for p in procs:
         p.start()
     for p in procs:
