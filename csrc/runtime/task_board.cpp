@@ -1,5 +1,6 @@
 #include "task_board.h"
 
+#include <chrono>
 #include <thread>
 
 #include "env.h"
@@ -61,6 +62,7 @@ void TaskBoard::run(int64_t tasks, const Body& body) {
     if (job_ == nullptr) {
       job_ = &job;
       posted = true;
+      jobs_posted_.fetch_add(1, std::memory_order_release);
     }
   }
   if (posted && waiting_.load() > 0) cv_.notify_all();
@@ -79,6 +81,7 @@ void TaskBoard::run(int64_t tasks, const Body& body) {
 void TaskBoard::wait_helping(const std::function<bool()>& done) {
   std::unique_lock<std::mutex> lock(mutex_);
   waiting_.fetch_add(1);
+  bool helped = false;
   while (!done()) {
     Job* job = job_;
     if (job != nullptr && job->next.load(std::memory_order_relaxed) < job->tasks) {
@@ -87,6 +90,22 @@ void TaskBoard::wait_helping(const std::function<bool()>& done) {
       const int64_t ran = work_on(*job);
       helped_tasks_.fetch_add(static_cast<uint64_t>(ran), std::memory_order_relaxed);
       job->helpers.fetch_sub(1, std::memory_order_release);  // the job may be gone after this
+      lock.lock();
+      helped = true;
+      continue;
+    }
+    if (helped) {
+      // Kernels come in runs (a compiled graph's products, a step's launches) a few
+      // microseconds apart, and a wake-up from cv_ costs tens of microseconds, a large part
+      // of a decode product: watch for the next job briefly before sleeping.
+      helped = false;
+      const uint64_t seen = jobs_posted_.load(std::memory_order_acquire);
+      lock.unlock();
+      const auto spin_until = std::chrono::steady_clock::now() + kWatchAfterHelping;
+      while (jobs_posted_.load(std::memory_order_acquire) == seen && !done() &&
+             std::chrono::steady_clock::now() < spin_until) {
+        std::this_thread::yield();
+      }
       lock.lock();
       continue;
     }
