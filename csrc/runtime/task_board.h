@@ -77,15 +77,15 @@ class TaskBoard {
   // Runs the job's tasks until none is left; returns how many this thread ran.
   static int64_t work_on(Job& job);
 
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  Job* job_ = nullptr;  // guarded by mutex_
   // How long a thread that just helped watches for the next job before sleeping.
   static constexpr std::chrono::microseconds kWatchAfterHelping{100};
 
-  std::atomic<int> waiting_{0};  // threads in wait_helping()
-  std::atomic<uint64_t> jobs_posted_{0};
-  std::atomic<int> workers_{0};  // live WorkerThread scopes
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  Job* job_ = nullptr;                    // guarded by mutex_
+  std::atomic<int> waiting_{0};           // threads in wait_helping()
+  std::atomic<uint64_t> jobs_posted_{0};  // what a watching thread watches
+  std::atomic<int> workers_{0};           // live WorkerThread scopes
   std::atomic<bool> enabled_{true};
   std::atomic<uint64_t> helped_tasks_{0};
 };
