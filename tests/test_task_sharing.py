@@ -15,6 +15,7 @@ from contextlib import contextmanager
 
 import pytest
 import torch
+from conftest import run_python
 
 import torchneuron
 
@@ -158,6 +159,39 @@ def test_an_idle_worker_helps_a_compiled_graph() -> None:
     for r in results:
         assert torch.equal(r.cpu(), alone.cpu())
     torch.testing.assert_close(alone.cpu(), torch.relu(a @ b), rtol=1e-4, atol=1e-3)
+
+
+_ONLY_COMPILED_PROGRAM = """
+import torch, torchneuron
+from torchneuron import _C
+torch.manual_seed(1)
+a, b = torch.randn(512, 1024), torch.randn(1024, 1024)
+x, w = a.to("neuron"), b.to("neuron")  # copies: nothing is launched on a stream
+graph = torch.compile(lambda p, q: torch.relu(p @ q), backend="neuron")
+graph(x, w)  # compiles
+torch.neuron.synchronize()
+before = _C._helped_tasks()
+results = [graph(x, w) for _ in range(4)]
+torch.neuron.synchronize()
+helped = _C._helped_tasks() - before
+expected = torch.relu(a @ b)
+for r in results:
+    torch.testing.assert_close(r.cpu(), expected, rtol=1e-4, atol=1e-3)
+print("blocking", int(_C._launch_blocking()), "helped", helped)
+"""
+
+
+def test_a_program_that_only_runs_compiled_graphs_gets_a_helper() -> None:
+    """Regression: the stream worker started only with the first eager launch, so a program
+    whose eager ops were all too small to launch ran its compiled graphs on one core."""
+    result = run_python(_ONLY_COMPILED_PROGRAM)
+    assert result.returncode == 0, result.stderr
+    fields = result.stdout.split()
+    blocking, helped = int(fields[fields.index("blocking") + 1]), int(fields[-1])
+    if blocking:
+        assert helped == 0  # no worker exists in blocking mode
+    else:
+        assert helped > 0
 
 
 def test_switching_sharing_off_and_on() -> None:

@@ -13,8 +13,13 @@
 #include <vector>
 
 #include "allocation_redirect.h"
+#include "async_launch.h"
 #include "device_activity.h"
 #include "host_alias.h"
+#include "neuron_runtime.h"
+#include "runtime_status.h"
+#include "stream_state.h"
+#include "task_board.h"
 
 namespace py = pybind11;
 
@@ -27,6 +32,17 @@ bool holds_device_tensor(const py::handle& item) {
   return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1;
 }
 
+// The graph's products and row kernels are shared with an idle stream worker
+// (task_board.h), which exists only once something was launched. A program whose eager ops
+// are all too small to launch (compiled decode with a small prompt, say) would run every
+// graph on one core: start the current stream's worker with an empty task.
+void start_a_worker_to_help(c10::DeviceIndex device) {
+  const nrt::TaskBoard& board = nrt::TaskBoard::instance();
+  if (!async_launches() || !board.enabled() || board.has_workers()) return;
+  const auto stream = static_cast<int>(current_stream(device).id());
+  NEURON_CHECK(nrt_stream_launch(device, stream, [](void*) {}, nullptr));
+}
+
 // fn(host_args) -> sequence of outputs. Arguments that are neuron tensors reach fn as CPU
 // aliases; the outputs flagged in device_outputs come back as neuron tensors on `device`
 // (views of an argument stay views of it); the others are returned as fn gave them.
@@ -34,6 +50,7 @@ py::list call_host_graph(const py::function& fn, const py::list& args, int devic
                          const std::vector<bool>& device_outputs) {
   const auto index = static_cast<c10::DeviceIndex>(device);
   const c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, index));
+  start_a_worker_to_help(index);
   HostAliasSet aliases;
   py::list host_args(args.size());
   for (size_t i = 0; i < args.size(); ++i) {

@@ -51,6 +51,8 @@ class TaskBoard {
   // TORCHNEURON_WAITERS_HELP=0 disables sharing; also settable at run time (benchmarks).
   void set_enabled(bool enabled) { enabled_.store(enabled, std::memory_order_relaxed); }
   bool enabled() const { return enabled_.load(std::memory_order_relaxed); }
+  // Whether a stream worker exists (one that is idle helps the kernels callers run).
+  bool has_workers() const { return workers_.load(std::memory_order_relaxed) > 0; }
   // Tasks run by helpers since the process started (diagnostics and tests).
   uint64_t helped_tasks() const { return helped_tasks_.load(std::memory_order_relaxed); }
 
