@@ -110,7 +110,13 @@ class Allocator:
         torch = _torch()
         make = torch.zeros if zero else torch.empty
         tensor = make(shape, dtype=torch_dtype(dtype), device=self.device)
-        array = _device_alias(tensor) if self.device.type == "neuron" else tensor.numpy()
+        if self.device.type == "neuron":
+            # zeros() may be launched on the stream: the kernel writes the bytes from this
+            # thread, so the fill must be done first (else it lands over the kernel's stores).
+            torch.neuron.synchronize(self.device)
+            array = _device_alias(tensor)
+        else:
+            array = tensor.numpy()
         self.tensors[id(array)] = tensor
         return array
 
