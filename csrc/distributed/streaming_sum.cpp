@@ -1,9 +1,9 @@
 #include "streaming_sum.h"
 
 #include <cstdint>
-#include <cstring>
 
 #include "cpu_features.h"
+#include "element_kernels.h"  // scalar_bf16_to_float, scalar_float_to_bf16: combine()'s own
 
 #if defined(__x86_64__)
 #include <emmintrin.h>  // SSE2: part of every x86-64 CPU, so no run-time check is needed
@@ -23,21 +23,6 @@ namespace {
 // Plain stores until dst reaches a 64-byte boundary, so the vector loop writes whole lines.
 bool on_line(const void* p) { return reinterpret_cast<uintptr_t>(p) % 64 == 0; }
 #endif
-
-float widen(uint16_t bf16) {
-  const uint32_t bits = static_cast<uint32_t>(bf16) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
-// Round to nearest even; NaN stays NaN (quiet): element_kernels.h's scalar_float_to_bf16.
-uint16_t narrow(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
-  const uint32_t rounded = bits + 0x7FFF + ((bits >> 16) & 1);
-  return static_cast<uint16_t>((f != f ? bits | 0x400000 : rounded) >> 16);
-}
 
 }  // namespace
 
@@ -78,7 +63,8 @@ void add_streaming_bf16(uint16_t* dst, const uint16_t* a, const uint16_t* b, siz
   size_t i = 0;
   auto scalar = [&](size_t end) {
     for (; i < end; ++i) {
-      const uint16_t sum = narrow(widen(a[i]) + widen(b[i]));
+      const uint16_t sum =
+          scalar_float_to_bf16(scalar_bf16_to_float(a[i]) + scalar_bf16_to_float(b[i]));
       dst[i] = sum;
       if (cached != nullptr) cached[i] = sum;
     }
