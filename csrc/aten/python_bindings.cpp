@@ -107,11 +107,10 @@ PYBIND11_MODULE(_C, m) {
     }
     torchneuron::raise_launch_error();
   });
-  // Before Python code reads device memory itself (NKI kernels): launched work completes.
-  m.def("_wait_for_device_work", [] {
-    py::gil_scoped_release no_gil;
-    torchneuron::wait_for_device_work();
-  });
+  // Before Python code or Inductor's C++ kernels read device memory themselves (NKI
+  // kernels, inductor_device.py): launched work completes. It releases the GIL only when
+  // there is work to wait for, so the common case is one atomic load.
+  m.def("_wait_for_device_work", [] { torchneuron::wait_for_device_work(); });
   m.def("_kernel_isa", [] {
     // The host CPU and the instruction set our kernels (csrc/kernels) run with.
     const auto& features = neuron::kernels::cpu_features();
