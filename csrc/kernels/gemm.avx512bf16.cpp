@@ -161,7 +161,7 @@ struct Bf16PairTiles {
         }
       }
     }
-    const uint16_t* bias = F32Tiles::bias_of<uint16_t>(p, batch, i0, j0);
+    const uint16_t* bias = bias_of<uint16_t>(p, batch, i0, j0);
     uint16_t* out = static_cast<uint16_t*>(p.c) + batch * p.c_batch_stride + i0 * p.c_row_stride +
                     j0 * p.c_col_stride;
     F32Tiles::finish_staged(p, bias, out, s.c.data(), ncp, mc, nc);

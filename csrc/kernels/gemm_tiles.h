@@ -7,7 +7,7 @@
 //  - GEMV (m ≤ 8 and B's k index contiguous, i.e. the forward X·Wᵀ of decode; or n ≤ 8 and
 //    A's k index contiguous, computed transposed): streams each weight row once, converting
 //    bf16 to float32 in registers, with the m activation rows held in cache; memory-bound, so
-//    the point is to read W exactly once at full bandwidth.
+//    the point is to read W exactly once at full bandwidth (gemv_rows.h).
 //  - Packed GEMM (everything else): Goto-style blocking. An output tile of MC × NC rows and
 //    columns (narrower when threads share the product: tile_shape) is one task; per KC
 //    slice of k, A and B are read in place (float32 row-major), widened by rows (bf16
@@ -23,23 +23,11 @@
 #include <vector>
 
 #include "gemm.h"
+#include "gemm_elements.h"
+#include "gemv_rows.h"
 
 namespace neuron::kernels {
 namespace {
-
-inline float to_f32(float v) { return v; }
-inline float to_f32(uint16_t v) { return bf16_to_float(v); }
-inline void store_as(float* p, float v) { *p = v; }
-inline void store_as(uint16_t* p, float v) { *p = float_to_bf16_rne(v); }
-
-constexpr int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
-
-// Grows a scratch buffer to at least n elements and never shrinks it: sized down and back up
-// by tiles of different sizes, it would zero the regrown part on every call.
-template <class T>
-void reserve_scratch(std::vector<T>& v, int64_t n) {
-  if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
-}
 
 // MR × NV vectors of accumulators per register tile: NV = 2 in general, NV = 1 (with twice
 // the rows) for products at most one vector wide, which two-vector panels would half waste.
@@ -50,7 +38,6 @@ struct GemmTiles {
   static constexpr int64_t KC = 256;
   static constexpr int64_t MC = MR * 32;
   static constexpr int64_t NC = NR * 16;
-  static constexpr int64_t kGemvMaxRows = 8;
 
   // An output tile's rows and columns (tile_shape).
   struct TileShape {
@@ -62,21 +49,6 @@ struct GemmTiles {
   struct Scratch {
     std::vector<float> a, b, c;
   };
-
-  // The scaled, biased result of one output element (in float32).
-  template <class E>
-  static inline float scaled(const GemmProblem& p, const E* bias, int64_t i, int64_t j, float acc) {
-    float v = p.alpha == 1.0f ? acc : p.alpha * acc;
-    if (bias != nullptr) v += p.beta * to_f32(bias[i * p.bias.row_stride + j * p.bias.col_stride]);
-    return v;
-  }
-
-  // The scaled, biased result of one output element, stored in the output dtype.
-  template <class E>
-  static inline void finish(const GemmProblem& p, const E* bias, E* out, int64_t i, int64_t j,
-                            float acc) {
-    store_as(out + i * p.c_row_stride + j * p.c_col_stride, scaled(p, bias, i, j, acc));
-  }
 
   // Whether the register tile reads B in place (in whole NR-column panels): float32
   // row-major B, but not rows a multiple of 4 KB apart. Those all map to the same L1 sets
@@ -317,185 +289,6 @@ struct GemmTiles {
   }
 
   template <class E>
-  static const E* bias_of(const GemmProblem& p, int64_t batch, int64_t i0, int64_t j0) {
-    if (p.bias.data == nullptr || p.beta == 0.0f) return nullptr;
-    return static_cast<const E*>(p.bias.data) + batch * p.bias.batch_stride +
-           i0 * p.bias.row_stride + j0 * p.bias.col_stride;
-  }
-
-  // One weight row (output column j) against MB activation rows, over all of k: dots[r].
-  // W is read once in memory order, a single sequential stream the hardware prefetcher
-  // follows; several rows interleaved are as many short streams, which it tracks badly (a
-  // 98 MB float32 LM head streamed at 14 GB/s that way, against 21 GB/s for a sum). U
-  // accumulators per activation row break the chain of dependent FMAs. (float32 W; bf16 W
-  // takes gemv_row_pairs.)
-  template <int MB>
-  static void gemv_row(const float* x, int64_t k, const float* w, float* dots) {
-    constexpr int U = MB >= 4 ? 1 : 4 / MB;
-    typename V::Reg acc[MB][U];
-#pragma GCC unroll 8
-    for (int r = 0; r < MB; ++r) {
-#pragma GCC unroll 4
-      for (int u = 0; u < U; ++u) acc[r][u] = V::zero();
-    }
-    int64_t kk = 0;
-    for (; kk + U * W <= k; kk += U * W) {
-#pragma GCC unroll 4
-      for (int u = 0; u < U; ++u) {
-        const typename V::Reg wv = V::load(w + kk + u * W);
-#pragma GCC unroll 8
-        for (int r = 0; r < MB; ++r) {
-          acc[r][u] = V::fma(V::load(x + r * k + kk + u * W), wv, acc[r][u]);
-        }
-      }
-    }
-    for (; kk + W <= k; kk += W) {
-      const typename V::Reg wv = V::load(w + kk);
-#pragma GCC unroll 8
-      for (int r = 0; r < MB; ++r) acc[r][0] = V::fma(V::load(x + r * k + kk), wv, acc[r][0]);
-    }
-    for (int r = 0; r < MB; ++r) {
-      typename V::Reg sum = acc[r][0];
-      for (int u = 1; u < U; ++u) sum = V::add(sum, acc[r][u]);
-      float tail = 0.0f;
-      for (int64_t t = kk; t < k; ++t) tail += x[r * k + t] * w[t];
-      dots[r] = V::sum(sum) + tail;
-    }
-  }
-
-  // gemv_row for bf16 W, read 2W elements at a time as W pairs (V::load_pairs): widening
-  // element by element made the GEMV compute-bound on hosts without bf16 instructions. The
-  // activation rows come laid out to match (split_pairs); the tail past the last whole
-  // block stays in order. W is prefetched kGemvPrefetchBytes ahead: with three loads per
-  // vector of W (W and two of x) the hardware prefetcher alone kept it at 0.65-0.78 of a
-  // plain sum's rate from memory, 0.67-0.82 with it (1.05x median over 9 runs, AVX2 host);
-  // float32's GEMV, one x load per vector of W, reaches 0.95 without.
-  static constexpr int64_t kGemvPrefetchBytes = 1024;
-  template <int MB>
-  static void gemv_row_pairs(const float* x, int64_t k, const uint16_t* w, float* dots) {
-    constexpr int64_t B = 2 * W;        // elements per block
-    constexpr int P = MB == 1 ? 2 : 1;  // blocks per step: 4 independent chains at MB = 1
-    typename V::Reg acc[MB][2 * P];
-#pragma GCC unroll 8
-    for (int r = 0; r < MB; ++r) {
-#pragma GCC unroll 4
-      for (int u = 0; u < 2 * P; ++u) acc[r][u] = V::zero();
-    }
-    auto block = [&](int64_t kk, int u) {
-      typename V::Reg even, odd;
-      V::load_pairs(w + kk, &even, &odd);
-#pragma GCC unroll 8
-      for (int r = 0; r < MB; ++r) {
-        acc[r][u] = V::fma(V::load(x + r * k + kk), even, acc[r][u]);
-        acc[r][u + 1] = V::fma(V::load(x + r * k + kk + W), odd, acc[r][u + 1]);
-      }
-    };
-    int64_t kk = 0;
-    for (; kk + P * B <= k; kk += P * B) {
-      // Every line of the step's W, kGemvPrefetchBytes ahead (past the row's end: the next
-      // rows, which come next).
-      const char* ahead = reinterpret_cast<const char*>(w + kk) + kGemvPrefetchBytes;
-      for (int64_t line = 0; line < P * B * int64_t{sizeof(uint16_t)}; line += 64) {
-        __builtin_prefetch(ahead + line, 0, 3);
-      }
-#pragma GCC unroll 2
-      for (int q = 0; q < P; ++q) block(kk + q * B, 2 * q);
-    }
-    for (; kk + B <= k; kk += B) block(kk, 0);
-    for (int r = 0; r < MB; ++r) {
-      typename V::Reg sum = acc[r][0];
-      for (int u = 1; u < 2 * P; ++u) sum = V::add(sum, acc[r][u]);
-      float tail = 0.0f;
-      for (int64_t t = kk; t < k; ++t) tail += x[r * k + t] * to_f32(w[t]);
-      dots[r] = V::sum(sum) + tail;
-    }
-  }
-
-  // The layout gemv_row_pairs reads activations in: each whole block of 2W floats of a row
-  // as its W even-indexed elements, then its W odd-indexed ones.
-  static void split_pairs(float* row, int64_t k) {
-    float block[2 * W];
-    for (int64_t b = 0; b + 2 * W <= k; b += 2 * W) {
-      for (int i = 0; i < W; ++i) {
-        block[i] = row[b + 2 * i];
-        block[W + i] = row[b + 2 * i + 1];
-      }
-      std::copy(block, block + 2 * W, row + b);
-    }
-  }
-
-  // Output columns [j0, j1) of a GEMV batch entry, for activation rows in chunks of MB.
-  template <class E, int MB>
-  static void gemv_columns(const GemmProblem& p, int64_t batch, const float* x, int64_t rows,
-                           int64_t j0, int64_t j1) {
-    const E* w = static_cast<const E*>(p.b.data) + batch * p.b.batch_stride;
-    const E* bias = bias_of<E>(p, batch, 0, 0);
-    E* out = static_cast<E*>(p.c) + batch * p.c_batch_stride;
-    float dots[MB];
-    for (int64_t j = j0; j < j1; ++j) {
-      for (int64_t r0 = 0; r0 < rows; r0 += MB) {
-        if constexpr (std::is_same_v<E, uint16_t>) {
-          gemv_row_pairs<MB>(x + r0 * p.k, p.k, w + j * p.b.col_stride, dots);
-        } else {
-          gemv_row<MB>(x + r0 * p.k, p.k, w + j * p.b.col_stride, dots);
-        }
-        for (int64_t r = 0; r < std::min<int64_t>(MB, rows - r0); ++r) {
-          finish(p, bias, out, r0 + r, j, dots[r]);
-        }
-      }
-    }
-  }
-
-  // Activation rows per GEMV pass for m rows (the padded rows of the last pass are zero).
-  static constexpr int64_t gemv_rows_per_pass(int64_t m) {
-    return m >= 5 ? 8 : m >= 3 ? 4 : m == 2 ? 2 : 1;
-  }
-
-  // A GEMV's output columns per task: a few tasks per thread so uneven threads even out,
-  // each a multiple of 8 rows of W.
-  static int64_t gemv_chunk(const GemmProblem& p, const ParallelFor& par) {
-    const int64_t chunks_per_batch =
-        std::max<int64_t>(1, std::min<int64_t>((p.n + 63) / 64, int64_t{par.threads} * 4));
-    return round_up((p.n + chunks_per_batch - 1) / chunks_per_batch, 8);
-  }
-
-  template <class E>
-  static void gemv(const GemmProblem& p, const ParallelFor& par) {
-    const int64_t chunk = gemv_chunk(p, par);
-    const int64_t per_batch = (p.n + chunk - 1) / chunk;
-    par.run(p.batch * per_batch, [&](int64_t begin, int64_t end) {
-      static thread_local std::vector<float> x;
-      int64_t packed_batch = -1;
-      for (int64_t t = begin; t < end; ++t) {
-        const int64_t batch = t / per_batch, j0 = (t % per_batch) * chunk;
-        if (batch != packed_batch) {  // the activation rows, float32 and contiguous
-          // Zero rows pad the last pass (only those need clearing: the rest is written).
-          x.resize(round_up(p.m, gemv_rows_per_pass(p.m)) * p.k);
-          std::fill(x.begin() + p.m * p.k, x.end(), 0.0f);
-          const E* a = static_cast<const E*>(p.a.data) + batch * p.a.batch_stride;
-          for (int64_t i = 0; i < p.m; ++i) {
-            for (int64_t kk = 0; kk < p.k; ++kk) {
-              x[i * p.k + kk] = to_f32(a[i * p.a.row_stride + kk * p.a.col_stride]);
-            }
-            if constexpr (std::is_same_v<E, uint16_t>) split_pairs(x.data() + i * p.k, p.k);
-          }
-          packed_batch = batch;
-        }
-        const int64_t j1 = std::min(p.n, j0 + chunk);
-        if (p.m >= 5) {
-          gemv_columns<E, 8>(p, batch, x.data(), p.m, j0, j1);
-        } else if (p.m >= 3) {
-          gemv_columns<E, 4>(p, batch, x.data(), p.m, j0, j1);
-        } else if (p.m >= 2) {
-          gemv_columns<E, 2>(p, batch, x.data(), p.m, j0, j1);
-        } else {
-          gemv_columns<E, 1>(p, batch, x.data(), p.m, j0, j1);
-        }
-      }
-    });
-  }
-
-  template <class E>
   static void packed(const GemmProblem& p, const ParallelFor& par) {
     if (should_transpose(p)) {
       const GemmProblem t = transposed(p);
@@ -576,20 +369,22 @@ struct GemmTiles {
     return t;
   }
 
-  static bool gemv_rows(const GemmProblem& p) { return p.m <= kGemvMaxRows && p.b.row_stride == 1; }
+  static bool gemv_rows(const GemmProblem& p) {
+    return p.m <= GemvRows<V>::kMaxRows && p.b.row_stride == 1;
+  }
 
   // Few columns, e.g. W·x with x one column: Cᵀ = xᵀ·Wᵀ is a GEMV streaming W's rows.
   // Packed, the NR-wide panels would waste NR - n of every NR products.
   static bool gemv_columns_transposed(const GemmProblem& p) {
-    return !gemv_rows(p) && p.n <= kGemvMaxRows && p.n < p.m && p.a.col_stride == 1;
+    return !gemv_rows(p) && p.n <= GemvRows<V>::kMaxRows && p.n < p.m && p.a.col_stride == 1;
   }
 
   template <class E>
   static void run_typed(const GemmProblem& p, const ParallelFor& par) {
     if (gemv_rows(p)) {
-      gemv<E>(p, par);
+      GemvRows<V>::template gemv<E>(p, par);
     } else if (gemv_columns_transposed(p)) {
-      gemv<E>(transposed(p), par);
+      GemvRows<V>::template gemv<E>(transposed(p), par);
     } else {
       packed<E>(p, par);
     }

@@ -64,14 +64,14 @@ template <int MB>
 void pair_columns(const GemmProblem& p, int64_t batch, const uint16_t* x, int64_t kp, int64_t j0,
                   int64_t j1) {
   const auto* w = static_cast<const uint16_t*>(p.b.data) + batch * p.b.batch_stride;
-  const uint16_t* bias = F32Tiles::bias_of<uint16_t>(p, batch, 0, 0);
+  const uint16_t* bias = bias_of<uint16_t>(p, batch, 0, 0);
   auto* out = static_cast<uint16_t*>(p.c) + batch * p.c_batch_stride;
   float dots[MB];
   for (int64_t j = j0; j < j1; ++j) {
     for (int64_t r0 = 0; r0 < p.m; r0 += MB) {
       pair_row<MB>(x + r0 * kp, kp, p.k, w + j * p.b.col_stride, dots);
       for (int64_t r = 0; r < std::min<int64_t>(MB, p.m - r0); ++r) {
-        F32Tiles::finish(p, bias, out, r0 + r, j, dots[r]);
+        finish(p, bias, out, r0 + r, j, dots[r]);
       }
     }
   }
@@ -80,7 +80,7 @@ void pair_columns(const GemmProblem& p, int64_t batch, const uint16_t* x, int64_
 }  // namespace
 
 void gemv_bf16_pairs(const GemmProblem& p, const ParallelFor& par) {
-  const int64_t chunk = F32Tiles::gemv_chunk(p, par);
+  const int64_t chunk = GemvRows<Avx512Vec>::gemv_chunk(p, par);
   const int64_t per_batch = (p.n + chunk - 1) / chunk;
   const int64_t kp = round_up(std::max<int64_t>(p.k, 1), kLanes);
   par.run(p.batch * per_batch, [&](int64_t begin, int64_t end) {
@@ -89,7 +89,7 @@ void gemv_bf16_pairs(const GemmProblem& p, const ParallelFor& par) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t batch = t / per_batch, j0 = (t % per_batch) * chunk;
       if (batch != packed_batch) {  // the activation rows, contiguous, zero-padded to kp and passes
-        x.assign(round_up(p.m, F32Tiles::gemv_rows_per_pass(p.m)) * kp, 0);
+        x.assign(round_up(p.m, GemvRows<Avx512Vec>::gemv_rows_per_pass(p.m)) * kp, 0);
         const auto* a = static_cast<const uint16_t*>(p.a.data) + batch * p.a.batch_stride;
         for (int64_t i = 0; i < p.m; ++i) {
           for (int64_t kk = 0; kk < p.k; ++kk) {

@@ -266,6 +266,40 @@ TEST(Gemm, SharedSplitGivesTheSerialBits) {
   }
 }
 
+// A one-row GEMV takes several weight rows at a time (four for bf16 without bf16
+// instructions), grouped within each thread's columns: every output element must have the
+// bits it has computed alone (n = 1), serially and at 2 and 3 threads. 37 columns leave
+// leftovers after the groups; k = 300 leaves a tail after the whole vectors.
+TEST(Gemm, GemvColumnBitsDoNotDependOnTheirGrouping) {
+  const Case c{1, 1, 37, 300, Layout::kRowMajor, Layout::kTransposed, true, 1.0f, 1.0f};
+  for (nk::IsaLevel level : host_levels()) {
+    for (nk::GemmDtype dtype : {nk::GemmDtype::kFloat32, nk::GemmDtype::kBFloat16}) {
+      const bool bf16 = dtype == nk::GemmDtype::kBFloat16;
+      const size_t element = bf16 ? sizeof(uint16_t) : sizeof(float);
+      for (int threads : {1, 2, 3}) {
+        CaseData all(c, dtype);
+        nk::gemm(all.problem, threads == 1 ? nk::serial_for() : thread_for(threads), level);
+        for (int64_t j = 0; j < c.n; ++j) {
+          CaseData one(c, dtype);
+          nk::GemmProblem p = one.problem;
+          p.n = 1;
+          p.b.data = static_cast<const char*>(p.b.data) + j * c.k * element;
+          p.bias.data = static_cast<const char*>(p.bias.data) + j * element;
+          nk::gemm(p, nk::serial_for(), level);
+          const std::string what = describe(c, dtype, level) +
+                                   " threads=" + std::to_string(threads) + " column " +
+                                   std::to_string(j);
+          if (bf16) {
+            ASSERT_EQ(one.c16[0], all.c16[j]) << what;
+          } else {
+            ASSERT_EQ(0, std::memcmp(&one.c32[0], &all.c32[j], sizeof(float))) << what;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(Gemm, Bf16RoundsToNearestEven) {
   // 1 + 2^-8 is halfway between bf16 neighbours 1 and 1 + 2^-7: ties go to the even (1).
   EXPECT_EQ(nk::float_to_bf16_rne(1.0f + 1.0f / 256), 0x3f80);
