@@ -37,7 +37,8 @@ LAUNCH_MODE_TESTS=(tests/test_ops.py tests/test_ops_views.py tests/test_ops_dtyp
   tests/test_memory.py tests/test_errors.py tests/test_device.py tests/test_profiler.py
   tests/test_optimizers.py tests/test_native_gemm.py tests/test_rng.py tests/test_serialization.py
   tests/test_async_launch.py tests/test_attention_backward.py tests/test_task_sharing.py
-  tests/test_iterator_kernels.py tests/test_native_gather.py)
+  tests/test_iterator_kernels.py tests/test_native_gather.py tests/test_native_isin.py
+  tests/test_inductor_device.py)
 say "pytest, blocking launches (NEURON_LAUNCH_BLOCKING=1), ${#LAUNCH_MODE_TESTS[@]} files"
 NEURON_LAUNCH_BLOCKING=1 "$PY" -m pytest "${LAUNCH_MODE_TESTS[@]}" -q
 say "pytest, every eligible op asynchronous (TORCHNEURON_ASYNC_MIN_BYTES=0), ${#LAUNCH_MODE_TESTS[@]} files"
