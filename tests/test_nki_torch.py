@@ -32,6 +32,28 @@ def test_neuron_tensors_in_neuron_tensors_out_with_a_non_contiguous_view():
     torch.testing.assert_close(out.cpu(), a.cpu() + b.cpu(), rtol=0, atol=0)
 
 
+def test_an_output_allocated_behind_launched_work_keeps_the_kernels_stores():
+    """A kernel's neuron output is zero-filled on the stream and then written from this
+    thread: the allocator waits for the fill. With a long product queued first, a fill that
+    was not waited for would land over the stores every time (it did, before the wait)."""
+    import torchneuron
+    from torchneuron.nki.hbm_io import Allocator
+
+    if torchneuron._C._launch_blocking():
+        pytest.skip("NEURON_LAUNCH_BLOCKING=1: nothing is queued on the stream")
+    big = torch.randn(1536, 1536, device="neuron")
+    torch.neuron.synchronize()
+    busy = big @ big  # tens of milliseconds on the stream worker
+    assert not torch.neuron.current_stream().query()
+    allocator = Allocator(torch.device("neuron", 0))
+    out = allocator((256, 1024), np.dtype(np.float32))
+    out[...] = 7.0  # the kernel's stores, from this thread
+    tensor = allocator.result(out, np.dtype(np.float32))
+    assert tensor.device.type == "neuron"
+    torch.testing.assert_close(tensor.cpu(), torch.full((256, 1024), 7.0), rtol=0, atol=0)
+    del busy
+
+
 def test_kernel_writes_an_output_argument_in_device_memory():
     @nki.jit
     def double_into(x, out):
