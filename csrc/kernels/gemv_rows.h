@@ -207,19 +207,18 @@ struct GemvRows {
     E* out = static_cast<E*>(p.c) + batch * p.c_batch_stride;
     if constexpr (MB == 1) {  // one activation row
       grouped_columns(p, x, w, bias, out, j0, j1);
-      return;
-    }
-
-    float dots[MB];
-    for (int64_t j = j0; j < j1; ++j) {
-      for (int64_t r0 = 0; r0 < rows; r0 += MB) {
-        if constexpr (std::is_same_v<E, uint16_t>) {
-          gemv_row_pairs<MB>(x + r0 * p.k, p.k, w + j * p.b.col_stride, dots);
-        } else {
-          gemv_row<MB>(x + r0 * p.k, p.k, w + j * p.b.col_stride, dots);
-        }
-        for (int64_t r = 0; r < std::min<int64_t>(MB, rows - r0); ++r) {
-          finish(p, bias, out, r0 + r, j, dots[r]);
+    } else {
+      float dots[MB];
+      for (int64_t j = j0; j < j1; ++j) {
+        for (int64_t r0 = 0; r0 < rows; r0 += MB) {
+          if constexpr (std::is_same_v<E, uint16_t>) {
+            gemv_row_pairs<MB>(x + r0 * p.k, p.k, w + j * p.b.col_stride, dots);
+          } else {
+            gemv_row<MB>(x + r0 * p.k, p.k, w + j * p.b.col_stride, dots);
+          }
+          for (int64_t r = 0; r < std::min<int64_t>(MB, rows - r0); ++r) {
+            finish(p, bias, out, r0 + r, j, dots[r]);
+          }
         }
       }
     }
