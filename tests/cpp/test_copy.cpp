@@ -28,8 +28,16 @@ TEST_F(CopyTest, DeviceToDeviceAcrossDevices) {
   ASSERT_NRT_OK(nrt_mem_alloc(0, 4096, &a));
   ASSERT_NRT_OK(nrt_mem_alloc(1, 4096, &b));
   ASSERT_NRT_OK(nrt_memset(0, 0, a, 0x3c, 4096));
+  // Streams of different devices are not ordered with each other: the copy on device 1
+  // waits for the fill on device 0 through an event, as a program must (without it the copy
+  // raced the fill and read zeros in 3 of 5 runs).
+  nrt_event_t filled = nullptr;
+  ASSERT_NRT_OK(nrt_event_create(NRT_EVENT_DEFAULT, &filled));
+  ASSERT_NRT_OK(nrt_event_record(filled, 0, 0));
+  ASSERT_NRT_OK(nrt_stream_wait_event(1, 0, filled));
   ASSERT_NRT_OK(nrt_memcpy(1, 0, b, a, 4096));
   ASSERT_NRT_OK(nrt_device_synchronize(1));
+  EXPECT_NRT_OK(nrt_event_destroy(filled));
   const auto* bytes = static_cast<const uint8_t*>(b);
   for (int i = 0; i < 4096; ++i) ASSERT_EQ(bytes[i], 0x3c) << i;
   EXPECT_NRT_OK(nrt_mem_free(0, a));
