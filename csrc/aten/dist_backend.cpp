@@ -355,12 +355,17 @@ class NeuronBackend final : public c10d::Backend {
   }
 
  private:
-  // A CPU tensor over the same bytes, for Gloo (which refuses other devices). The device
-  // tensor stays alive for the whole (synchronous) call.
+  // A CPU tensor over the same bytes, for Gloo (which refuses other devices). The view owns a
+  // reference to the device storage: Gloo's Work keeps its tensors until the transfer is
+  // done, and an isend's caller may drop its own reference at once (pipelining does), so
+  // without it the caching allocator could hand the bytes to a new tensor mid-send.
   static at::Tensor host_view(const at::Tensor& t) {
     host_bytes(t, "a Gloo collective");
     if (t.is_cpu()) return t;
-    return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options().device(at::kCPU));
+    c10::Storage keep_alive = t.storage();
+    return at::from_blob(
+        t.data_ptr(), t.sizes(), t.strides(), [keep_alive](void*) mutable { keep_alive = {}; },
+        t.options().device(at::kCPU));
   }
 
   void wait(const c10::intrusive_ptr<c10d::Work>& work) {
