@@ -1,4 +1,5 @@
-"""Fuzz target for collectives of the "neuron" process-group backend over two ranks.
+"""Fuzz target for collectives and point-to-point traffic of the "neuron" process-group
+backend over two ranks.
 
 Both ranks run the same derandomized hypothesis sequence, so they draw the same cases; a
 case says what each rank passes (collective, element count, dtype, reduce op, root, group),
@@ -10,6 +11,12 @@ store, and the oracle is checked on both:
   are small integers), or both raise (e.g. AVG of integers, BAND);
 - different arguments: both raise, with a message; where both raised because the backend
   saw the mismatch, the group must still work afterwards (a sum of ones).
+
+Point-to-point cases (send/recv, isend/irecv, batch_isend_irecv) always have equal arguments
+on both ranks: a transfer carries no metadata to check, on any backend. The sender drops its
+tensor as soon as the send is posted and a new tensor refills the freed block, so a transfer
+that does not keep its bytes alive delivers the refill; the receiver must get the sender's
+values exactly.
 """
 
 from __future__ import annotations
@@ -30,7 +37,14 @@ from hypothesis import strategies as st
 CASE_TIMEOUT = timedelta(seconds=2)
 DEADLINE_S = 600
 
-COLLECTIVES = ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor")
+POINT_TO_POINT = ("send_recv", "isend_irecv", "batch_isend_irecv")
+COLLECTIVES = (
+    "all_reduce",
+    "broadcast",
+    "all_gather_into_tensor",
+    "reduce_scatter_tensor",
+    *POINT_TO_POINT,
+)
 DTYPES = ("float32", "bfloat16", "float64", "int64", "int32", "uint8", "bool", "complex64")
 OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND")
 
@@ -38,7 +52,7 @@ OPS = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND")
 def _side() -> st.SearchStrategy[dict[str, Any]]:
     return st.fixed_dictionaries({
         "collective": st.sampled_from(COLLECTIVES),
-        "numel": st.sampled_from([0, 1, 3, 4, 5]),
+        "numel": st.sampled_from([0, 1, 3, 4, 5, 300_000]),  # 300k: past a socket buffer
         "dtype": st.sampled_from(DTYPES),
         "op": st.sampled_from(OPS),
         "src": st.sampled_from([0, 1, 2, -1]),
@@ -54,8 +68,16 @@ def collective_cases() -> st.SearchStrategy[tuple[dict[str, Any], dict[str, Any]
         changed[field] = other[field]
         return side, changed
 
+    def equal_for_point_to_point(pair: tuple[dict, dict]) -> tuple[dict, dict]:
+        first, second = pair
+        if first["collective"] in POINT_TO_POINT or second["collective"] in POINT_TO_POINT:
+            return first, dict(first)
+        return pair
+
     same = _side().map(lambda s: (s, dict(s)))
-    one_differs = st.builds(vary, _side(), st.sampled_from(sorted(_side_fields())), _side())
+    one_differs = st.builds(vary, _side(), st.sampled_from(sorted(_side_fields())), _side()).map(
+        equal_for_point_to_point
+    )
     return st.one_of(same, one_differs)
 
 
@@ -68,9 +90,16 @@ def _relevant(side: dict[str, Any]) -> dict[str, Any]:
     keep = {"collective", "numel", "dtype", "group"}
     if side["collective"] in ("all_reduce", "reduce_scatter_tensor"):
         keep.add("op")
-    if side["collective"] == "broadcast":
+    if side["collective"] in ("broadcast", "send_recv"):
         keep.add("src")
     return {k: v for k, v in side.items() if k in keep}
+
+
+def _input(numel: int, dtype: Any, rank: int) -> Any:
+    """What `rank` contributes: small integers, so every reduction is exact."""
+    import torch
+
+    return (torch.arange(numel) % 3 + 1 + rank).to(dtype)
 
 
 def _run_side(side: dict[str, Any], rank: int, groups: list[Any]) -> Any:
@@ -79,10 +108,13 @@ def _run_side(side: dict[str, Any], rank: int, groups: list[Any]) -> Any:
 
     dtype = getattr(torch, side["dtype"])
     n = side["numel"]
-    values = (torch.arange(n) % 3 + 1 + rank).to(dtype).to("neuron")
     group = groups[side["group"]]
-    op = getattr(dist.ReduceOp, side["op"])
     kind = side["collective"]
+    if kind in POINT_TO_POINT:  # takes the only reference to its input, to drop it
+        return _run_point_to_point(kind, _input(n, dtype, rank).to("neuron"), side["src"] % 2,
+                                   rank, group)  # fmt: skip
+    values = _input(n, dtype, rank).to("neuron")
+    op = getattr(dist.ReduceOp, side["op"])
     if kind == "all_reduce":
         dist.all_reduce(values, op=op, group=group)
         return values.cpu()
@@ -93,10 +125,42 @@ def _run_side(side: dict[str, Any], rank: int, groups: list[Any]) -> Any:
         out = torch.empty(2 * n, dtype=dtype, device="neuron")
         dist.all_gather_into_tensor(out, values, group=group)
         return out.cpu()
-    full = (torch.arange(2 * n) % 3 + 1 + rank).to(dtype).to("neuron")
+    full = _input(2 * n, dtype, rank).to("neuron")
     out = torch.empty(n, dtype=dtype, device="neuron")
     dist.reduce_scatter_tensor(out, full, op=op, group=group)
     return out.cpu()
+
+
+def _run_point_to_point(kind: str, values: Any, sender: int, rank: int, group: Any) -> Any:
+    """The received tensor (the sender of send_recv returns its own, which must be intact)."""
+    import torch
+    import torch.distributed as dist
+
+    peer = 1 - rank
+    incoming = torch.empty_like(values)
+    works = []
+    if rank == 1:
+        time.sleep(0.05)  # rank 0's sends are still pending when its refill lands (below)
+    if kind == "send_recv":
+        if rank == sender:
+            dist.send(values, peer, group=group)
+            return values.cpu()
+        dist.recv(incoming, peer, group=group)
+    elif kind == "isend_irecv":
+        works = [dist.isend(values, peer, group=group), dist.irecv(incoming, peer, group=group)]
+    else:
+        works = dist.batch_isend_irecv([
+            dist.P2POp(dist.isend, values, peer, group=group),
+            dist.P2POp(dist.irecv, incoming, peer, group=group),
+        ])  # fmt: skip
+    shape, dtype = values.shape, values.dtype
+    del values  # the pending send must keep the bytes; the refill below may take the block
+    refill = torch.zeros(shape, dtype=dtype, device="neuron")
+    torch.neuron.synchronize()
+    for work in works:
+        work.wait()
+    del refill
+    return incoming.cpu()
 
 
 def _reference(side: dict[str, Any], rank: int) -> Any:
@@ -105,8 +169,12 @@ def _reference(side: dict[str, Any], rank: int) -> Any:
 
     dtype = getattr(torch, side["dtype"])
     n = side["numel"]
-    inputs = [(torch.arange(n) % 3 + 1 + r).to(dtype) for r in range(2)]
+    inputs = [_input(n, dtype, r) for r in range(2)]
     kind = side["collective"]
+    if kind == "send_recv":
+        return inputs[side["src"] % 2]  # the receiver's view; the sender keeps its own
+    if kind in POINT_TO_POINT:
+        return inputs[1 - rank]
     if kind == "broadcast":
         if side["src"] not in (0, 1):
             raise ValueError("invalid root")
@@ -114,7 +182,7 @@ def _reference(side: dict[str, Any], rank: int) -> Any:
     if kind == "all_gather_into_tensor":
         return torch.cat(inputs)
     if kind == "reduce_scatter_tensor":
-        fulls = [(torch.arange(2 * n) % 3 + 1 + r).to(dtype) for r in range(2)]
+        fulls = [_input(2 * n, dtype, r) for r in range(2)]
         inputs = [f[rank * n : (rank + 1) * n] for f in fulls]
     stacked = torch.stack(inputs)
     op = side["op"]
@@ -143,7 +211,11 @@ def _outcome(side: dict[str, Any], rank: int, groups: list[Any]) -> dict[str, An
     except (ValueError, RuntimeError) as error:
         return {"ok": True, "matches": False, "why": f"the CPU reference refuses: {error}"}
     same = got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
-    return {"ok": True, "matches": bool(same), "why": f"got {got.tolist()} want {want.tolist()}"}
+    # values shortened: outcomes travel through the store, whose messages are capped at 8 MiB
+    why = f"got {got.flatten()[:8].tolist()}... want {want.flatten()[:8].tolist()}..."
+    if not same and got.shape == want.shape and got.dtype == want.dtype:
+        why += f" ({int((got != want).sum())} of {got.numel()} elements differ)"
+    return {"ok": True, "matches": bool(same), "why": why}
 
 
 def _check(case: tuple[dict, dict], outcomes: list[dict[str, Any]]) -> str | None:
