@@ -1,0 +1,1 @@
+"""Support code of the test suite (not tests): shared references and tolerances."""
