@@ -43,3 +43,18 @@ say "pytest, blocking launches (NEURON_LAUNCH_BLOCKING=1), ${#LAUNCH_MODE_TESTS[
 NEURON_LAUNCH_BLOCKING=1 "$PY" -m pytest "${LAUNCH_MODE_TESTS[@]}" -q
 say "pytest, every eligible op asynchronous (TORCHNEURON_ASYNC_MIN_BYTES=0), ${#LAUNCH_MODE_TESTS[@]} files"
 TORCHNEURON_ASYNC_MIN_BYTES=0 "$PY" -m pytest "${LAUNCH_MODE_TESTS[@]}" -q
+
+# Our kernels pick their instructions at run time, so the default passes test only the host's
+# best level. The kernel tests run again at every lower level the host can execute
+# (TORCHNEURON_KERNEL_ISA caps the level): an AVX-512 host also tests AVX2 and the baseline.
+# These files test every op whose kernel dispatches on the level (csrc/kernels: GEMM/GEMV, row
+# kernels, decode attention; the widened bf16 attention backward); tests/cpp loops over the
+# levels itself.
+KERNEL_TESTS=(tests/test_native_gemm.py tests/test_native_rowkernels.py
+  tests/test_native_sdpa_decode.py tests/test_attention_backward.py)
+HOST_ISA="$("$PY" -c 'import torchneuron; print(torchneuron._C._kernel_isa()["host_isa"])')"
+for level in scalar avx2 avx512 avx512_bf16 amx_bf16; do
+  [ "$level" = "$HOST_ISA" ] && break
+  say "pytest, kernel tests at the $level level (host: $HOST_ISA), ${#KERNEL_TESTS[@]} files"
+  TORCHNEURON_KERNEL_ISA=$level "$PY" -m pytest "${KERNEL_TESTS[@]}" -q
+done

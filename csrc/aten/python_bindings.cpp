@@ -112,11 +112,13 @@ PYBIND11_MODULE(_C, m) {
   // there is work to wait for, so the common case is one atomic load.
   m.def("_wait_for_device_work", [] { torchneuron::wait_for_device_work(); });
   m.def("_kernel_isa", [] {
-    // The host CPU and the instruction set our kernels (csrc/kernels) run with.
+    // The host CPU, the instruction set our kernels (csrc/kernels) run with, and the best
+    // one the host has (they differ under TORCHNEURON_KERNEL_ISA).
     const auto& features = neuron::kernels::cpu_features();
     return std::map<std::string, std::string>{
         {"model", features.model},
-        {"isa", neuron::kernels::isa_name(neuron::kernels::isa_level())}};
+        {"isa", neuron::kernels::isa_name(neuron::kernels::isa_level())},
+        {"host_isa", neuron::kernels::isa_name(neuron::kernels::host_isa_level())}};
   });
   m.def("_native_kernels_enabled", &torchneuron::native_kernels_enabled);
   m.def("_native_kernel_runs", [] {

@@ -99,8 +99,10 @@ const CpuFeatures& cpu_features() {
   return features;
 }
 
+IsaLevel host_isa_level() { return best_level(cpu_features()); }
+
 IsaLevel isa_level() {
-  static const IsaLevel level = capped_level(best_level(cpu_features()));
+  static const IsaLevel level = capped_level(host_isa_level());
   return level;
 }
 

@@ -20,6 +20,9 @@ struct CpuFeatures {
 // Read once; thread-safe.
 const CpuFeatures& cpu_features();
 
+// The best level the host supports, whatever TORCHNEURON_KERNEL_ISA says.
+IsaLevel host_isa_level();
+
 // The best level the host supports, capped by TORCHNEURON_KERNEL_ISA (scalar, avx2,
 // avx512, avx512_bf16, amx_bf16) when set, so tests and benchmarks can force a lower path.
 IsaLevel isa_level();
