@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 from conftest import clean_env, describe, run_python
+from support.privileges import cannot_run
 
 COMPILE_SCRIPT = """
 import signal, sys, time, warnings
@@ -130,7 +131,7 @@ def small_tmpfs(tmp_path):
         text=True,
     )
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs to fill (needs root/CAP_SYS_ADMIN): {done.stderr}")
+        cannot_run(f"cannot mount a tmpfs to fill (needs root/CAP_SYS_ADMIN): {done.stderr}")
     try:
         yield mount_point
     finally:

@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import clean_env
+from support.privileges import cannot_run
 from test_distributed import TOL, _single_device_reference
 
 LINK_TIMEOUT_S = 10  # the timeout of the group the ranks loop on when the link goes down
@@ -168,14 +169,14 @@ def two_host_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
     returns {"reports": rank -> report, "link_down_at": wall-clock time}."""
     reason = _unavailable()
     if reason:
-        pytest.skip(reason)
+        cannot_run(reason)
     out = tmp_path_factory.mktemp("multihost")
     hosts = TwoHosts()
     try:
         try:
             hosts.create()
         except OSError as error:
-            pytest.skip(f"cannot build two hosts from network namespaces: {error}")
+            cannot_run(f"cannot build two hosts from network namespaces: {error}")
         env = clean_env(MULTIHOST_OUT=str(out), MULTIHOST_LINK_TIMEOUT_S=str(LINK_TIMEOUT_S))
         for name in ("TORCHNEURON_DIST_TRANSPORT", "GLOO_SOCKET_IFNAME", "MASTER_ADDR"):
             env.pop(name, None)
@@ -277,7 +278,7 @@ def test_a_rank_with_its_own_dev_shm_counts_as_another_host():
     (regression: they chose shared memory, and rank 1 could not open rank 0's segment)."""
     reason = _unavailable()
     if reason:
-        pytest.skip(reason)
+        cannot_run(reason)
     private_shm = 'mount -t tmpfs -o mode=1777 tmpfs /dev/shm && exec "$@"'
     probe = subprocess.run(
         ["unshare", "--mount", "sh", "-c", private_shm, "sh", "true"],
@@ -286,7 +287,7 @@ def test_a_rank_with_its_own_dev_shm_counts_as_another_host():
         timeout=30,
     )
     if probe.returncode != 0:
-        pytest.skip(f"cannot mount a private /dev/shm: {probe.stderr.strip()}")
+        cannot_run(f"cannot mount a private /dev/shm: {probe.stderr.strip()}")
     from test_distributed import _free_port
 
     port = str(_free_port())
