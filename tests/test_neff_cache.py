@@ -80,7 +80,7 @@ def test_lock_excludes_and_times_out_with_a_warning(tmp_path):
         start = time.monotonic()
         with pytest.warns(NeffCacheWarning, match="stale"), cache.lock(KEY, timeout=0.2) as again:
             assert again is False
-        assert 0.2 <= time.monotonic() - start < 3
+        assert time.monotonic() - start >= 0.2  # waited its timeout (a lower bound only)
     assert not lock_file.exists()
     assert cache.lock_timeouts == 1
     with warnings.catch_warnings():
