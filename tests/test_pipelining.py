@@ -15,71 +15,16 @@ the transfer ends, or the caching allocator gives them to the next tensor mid-se
 from __future__ import annotations
 
 import io
-import multiprocessing as mp
-import os
-import queue
-import socket
-import traceback
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
+from support.ranks import run_ranks
 
-DEADLINE_S = 300
 WIDTH = 512  # features per layer: 1 MiB weights, activations of 4 x 512 floats per microbatch
 MICROBATCHES = 8
 LOSS_SCALE = 1024.0  # a loss scale as GradScaler applies it: gradients grow by this factor
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _entry(
-    fn: Callable[..., Any], rank: int, size: int, port: int, backend: str, args: tuple, results: Any
-) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank))
-    try:
-        import torch.distributed as dist
-
-        torch.set_num_threads(1)  # the CPU reference and the device run the same reductions
-        dist.init_process_group(backend, rank=rank, world_size=size)
-        value = fn(rank, size, *args)
-        dist.destroy_process_group()
-        results.put((rank, "ok", value))
-    except BaseException:  # noqa: BLE001 - reported to the parent, which fails the test
-        results.put((rank, "error", traceback.format_exc()))
-
-
-def _run_ranks(fn: Callable[..., Any], size: int, backend: str, *args: Any) -> dict[int, Any]:
-    """fn(rank, size, *args) in `size` spawned processes under `backend`; rank -> value."""
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = _free_port()
-    procs = [
-        ctx.Process(target=_entry, args=(fn, r, size, port, backend, args, results))
-        for r in range(size)
-    ]
-    for p in procs:
-        p.start()
-    got: dict[int, tuple[str, Any]] = {}
-    try:
-        while len(got) < size:
-            rank, status, value = results.get(timeout=DEADLINE_S)
-            got[rank] = (status, value)
-    except queue.Empty:
-        pytest.fail(f"ranks {sorted(set(range(size)) - set(got))} did not report in {DEADLINE_S} s")
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-    errors = {r: v for r, (s, v) in got.items() if s != "ok"}
-    assert not errors, "\n".join(f"rank {r}:\n{v}" for r, v in errors.items())
-    return {r: v for r, (_, v) in got.items()}
 
 
 # --- point to point ----------------------------------------------------------------------
@@ -141,7 +86,7 @@ def _p2p_stress(rank: int, size: int) -> int:
 def test_p2p_keeps_sent_tensors_alive_under_reuse(launch, monkeypatch):
     for name, value in launch.items():
         monkeypatch.setenv(name, value)
-    assert _run_ranks(_p2p_stress, 2, "neuron") == {0: P2P_ROUNDS, 1: P2P_ROUNDS}
+    assert run_ranks(_p2p_stress, 2, "neuron") == {0: P2P_ROUNDS, 1: P2P_ROUNDS}
 
 
 # --- pipeline schedules ------------------------------------------------------------------
@@ -246,7 +191,7 @@ def _compare(reference: dict[int, Any], device: dict[int, Any]) -> list[str]:
 def cpu_references() -> dict[int, dict[int, Any]]:
     """The same programs on CPU tensors over Gloo, once per world size."""
     return {
-        size: _load(_run_ranks(_pipeline_step, size, "gloo", "cpu", list(SCHEDULES)))
+        size: _load(run_ranks(_pipeline_step, size, "gloo", "cpu", list(SCHEDULES)))
         for size in (2, 4)
     }
 
@@ -257,6 +202,6 @@ def cpu_references() -> dict[int, dict[int, Any]]:
 def test_every_schedule_gives_the_cpu_gradients(size, transport, cpu_references, monkeypatch):
     monkeypatch.setenv("TORCHNEURON_NATIVE_KERNELS", "0")
     monkeypatch.setenv("TORCHNEURON_DIST_TRANSPORT", transport)
-    got = _load(_run_ranks(_pipeline_step, size, "neuron", "neuron", list(SCHEDULES)))
+    got = _load(run_ranks(_pipeline_step, size, "neuron", "neuron", list(SCHEDULES)))
     problems = _compare(cpu_references[size], got)
     assert not problems, "\n".join(problems)

@@ -2,13 +2,30 @@
 // attention kernel suits the inputs; without an answer a PrivateUse1 device gets the math
 // path (separate bmm, softmax, masking ops). Answering as the CPU does lets attention use
 // the CPU's flash kernel (run over device memory by the executor), with CPU numerics.
+//
+// SDPA's flash branch calls aten::_scaled_dot_product_flash_attention_for_cpu on every device
+// but CUDA, and that op has no DTensor sharding strategy nor a context-parallel handler.
+// For tensor subclasses (DTensor: tensor and context parallel) the flash choice becomes
+// efficient attention, whose branch is device-generic: aten::_scaled_dot_product_efficient_
+// attention, which neuron implements over the same CPU flash kernel (fused_attention.cpp)
+// and which DTensor and context parallel handle as on CUDA. Plain tensors keep the CPU's
+// op, which compiled graphs retarget to the native decode kernel (native_attention.py).
 #include <ATen/ATen.h>
+#include <ATen/SDPBackend.h>
 #include <ATen/native/DispatchStub.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/ops/_fused_sdp_choice_native.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 
 namespace torchneuron {
 namespace {
+
+// A tensor subclass that dispatches to Python (DTensor), outside fake tracing: fake tensors
+// are Python-dispatched too, and a compiled graph keeps the CPU's op (see above).
+bool is_subclass(const at::Tensor& t) {
+  return t.unsafeGetTensorImpl()->is_python_dispatch() &&
+         !c10::impl::TorchDispatchModeTLS::get_mode(c10::impl::TorchDispatchModeKey::FAKE);
+}
 
 // The CPU's own choice function, called on the neuron tensors themselves. It reads only
 // metadata (dtype, nesting, strides, symbolic sizes through sym_size), so it also works on
@@ -18,8 +35,13 @@ namespace {
 int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                          const std::optional<at::Tensor>& attn_mask, double dropout_p,
                          bool is_causal, std::optional<double> scale, bool enable_gqa) {
-  return at::native::_fused_sdp_choice_cpp(query, key, value, attn_mask, dropout_p, is_causal,
-                                           scale, enable_gqa);
+  const int64_t choice = at::native::_fused_sdp_choice_cpp(query, key, value, attn_mask, dropout_p,
+                                                           is_causal, scale, enable_gqa);
+  if (choice == static_cast<int64_t>(at::SDPBackend::flash_attention) && is_subclass(query) &&
+      query.dim() == 4 && key.dim() == 4 && query.sym_size(1) == key.sym_size(1)) {
+    return static_cast<int64_t>(at::SDPBackend::efficient_attention);
+  }
+  return choice;
 }
 
 }  // namespace
