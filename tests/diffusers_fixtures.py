@@ -385,6 +385,7 @@ class Case:
     inputs: Callable[..., dict[str, Any]]
     denoiser: str = "transformer"
     tensor_parallel: bool = False  # the denoiser class has a `_tp_plan`
+    context_parallel: bool = False  # the denoiser class has a `_cp_plan`
     other_size: tuple[int, int] = (32, 32)  # a second resolution for the compile test
     # Qwen-Image 2.1's transformer calls .tolist() on a float tensor (its rotary embedding),
     # which Dynamo cannot trace on any device: it compiles with graph breaks.
@@ -394,14 +395,21 @@ class Case:
 CASES = {
     case.name: case
     for case in (
-        Case("flux", build_flux, flux_inputs, tensor_parallel=True),
-        Case("flux2", build_flux2, flux2_inputs, tensor_parallel=True),
-        Case("flux2_klein", build_flux2_klein, flux2_klein_inputs, tensor_parallel=True),
+        Case("flux", build_flux, flux_inputs, tensor_parallel=True, context_parallel=True),
+        Case("flux2", build_flux2, flux2_inputs, tensor_parallel=True, context_parallel=True),
+        Case(
+            "flux2_klein",
+            build_flux2_klein,
+            flux2_klein_inputs,
+            tensor_parallel=True,
+            context_parallel=True,
+        ),
         Case(
             "qwenimage",
             build_qwenimage,
             qwenimage_inputs,
             tensor_parallel=True,
+            context_parallel=True,
             other_size=(48, 48),
         ),
         Case(
@@ -413,7 +421,7 @@ CASES = {
             fullgraph=False,
         ),
         Case("sdxl", build_sdxl, sdxl_inputs, denoiser="unet", other_size=(48, 48)),
-        Case("wan", build_wan, wan_inputs, other_size=(32, 32)),
+        Case("wan", build_wan, wan_inputs, context_parallel=True, other_size=(32, 32)),
     )
 }
 

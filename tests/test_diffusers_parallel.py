@@ -1,10 +1,16 @@
-"""Diffusers tensor parallelism on neuron: torchrun, 2 processes, one neuron device each.
+"""Diffusers tensor and context parallelism on neuron: torchrun, 2 processes, one neuron
+device each.
 
 ``transformer.enable_parallelism(config=TensorParallelConfig(tp_degree=2))`` for every model
 whose transformer has a ``_tp_plan`` (FLUX.1, FLUX.2 and its Klein variant, Qwen-Image,
 Qwen-Image 2.1) gives the one-device output. Tolerance: atol 1e-5 on outputs in [0, 1] (the
 row-parallel layers sum two partial products with an all-reduce, which reorders a float
 reduction; measured differences are 2e-7 to 5e-7).
+
+``enable_parallelism(config=ContextParallelConfig(...))`` for every model whose transformer has
+a ``_cp_plan`` (FLUX.1, FLUX.2, FLUX.2 Klein, Qwen-Image, Wan), Ulysses and ring, gives the
+one-device output within the same tolerance (ring attention merges per-block results through
+their logsumexp in float32; measured differences 1e-7 to 6e-7).
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from diffusers_fixtures import CASES
 
 TP_CASES = [name for name, case in CASES.items() if case.tensor_parallel]
 LINE = re.compile(r"rank (\d) (\w+) sharded=(\d+) max_diff=([0-9.e+-]+)")
+CP_CASES = [name for name, case in CASES.items() if case.context_parallel]
+CP_LINE = re.compile(r"rank (\d) (\w+) (ulysses|ring) max_diff=([0-9.e+-]+)")
 
 
 def test_tensor_parallel_matches_one_device() -> None:
@@ -38,3 +46,22 @@ def test_tensor_parallel_matches_one_device() -> None:
     for (rank, name), (sharded, diff) in results.items():
         assert sharded > 0, f"rank {rank}: no parameter of {name} was sharded"
         assert diff <= 1e-5, f"rank {rank} {name}: max difference {diff} vs one device"
+
+
+def test_context_parallel_ring_and_ulysses_match_one_device() -> None:
+    assert CP_CASES == ["flux", "flux2", "flux2_klein", "qwenimage", "wan"]
+    script = Path(__file__).parent / "diffusers_cp_rank.py"
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+        + [str(script), *CP_CASES],
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    results = {(int(r), name, mode): float(d) for r, name, mode, d in CP_LINE.findall(done.stdout)}
+    expected = {(r, n, m) for r in (0, 1) for n in CP_CASES for m in ("ulysses", "ring")}
+    assert set(results) == expected, done.stdout
+    for (rank, name, mode), diff in results.items():
+        assert diff <= 1e-5, f"rank {rank} {name} {mode}: max difference {diff} vs one device"

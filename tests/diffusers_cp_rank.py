@@ -1,0 +1,50 @@
+"""One torchrun rank of the Diffusers context-parallel test (tests/test_diffusers_parallel.py).
+
+For each named case: the pipeline's output on one neuron device, then the same pipeline with
+its denoiser's sequence split over the ranks by ``enable_parallelism(config=
+ContextParallelConfig(...))``: Ulysses (all-to-all of heads) with the default attention
+backend, and ring attention (key/value blocks rotated, partial results merged through their
+logsumexp) with the ``_native_flash`` backend, which returns the logsumexp ring attention needs
+(aten::_scaled_dot_product_flash_attention on neuron). Prints one line per case and mode with
+the largest difference, which the test checks against its tolerance.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+from diffusers import ContextParallelConfig
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import diffusers_fixtures as fixtures  # noqa: E402
+
+MODES = {
+    "ulysses": (lambda n: ContextParallelConfig(ulysses_degree=n), None),
+    "ring": (lambda n: ContextParallelConfig(ring_degree=n), "_native_flash"),
+}
+
+
+def main(names: list[str]) -> None:
+    rank = int(os.environ["RANK"])
+    torch.neuron.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("neuron")
+    for name in names:
+        case = fixtures.CASES[name]
+        one_device = fixtures.run(case.build().to("neuron"), case.inputs(), "neuron")
+        for mode, (config, backend) in MODES.items():
+            pipe = case.build().to("neuron")
+            denoiser = getattr(pipe, case.denoiser)
+            if backend is not None:
+                denoiser.set_attention_backend(backend)
+            denoiser.enable_parallelism(config=config(dist.get_world_size()))
+            parallel = fixtures.run(pipe, case.inputs(), "neuron")
+            diff = (parallel - one_device).abs().max().item()
+            print(f"rank {rank} {name} {mode} max_diff={diff:.3e}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
