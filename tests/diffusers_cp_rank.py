@@ -43,7 +43,26 @@ def main(names: list[str]) -> None:
             parallel = fixtures.run(pipe, case.inputs(), "neuron")
             diff = (parallel - one_device).abs().max().item()
             print(f"rank {rank} {name} {mode} max_diff={diff:.3e}", flush=True)
+    minimax_h3(rank)
     dist.destroy_process_group()
+
+
+def minimax_h3(rank: int) -> None:
+    """MiniMax-H3's transformer alone (tests/test_diffusers.py says why): its _cp_plan splits
+    the packed sequence at the first block and gathers it at the output heads."""
+    inputs = {k: v.to("neuron") for k, v in fixtures.minimax_h3_inputs().items()}
+    with torch.no_grad():
+        one_device = fixtures.minimax_h3_transformer().to("neuron")(**inputs, return_dict=False)
+        for mode, (config, backend) in MODES.items():
+            model = fixtures.minimax_h3_transformer().to("neuron")
+            if backend is not None:
+                model.set_attention_backend(backend)
+            model.enable_parallelism(config=config(dist.get_world_size()))
+            parallel = model(**inputs, return_dict=False)
+            diff = max(
+                (p - o).abs().max().item() for p, o in zip(parallel, one_device, strict=True)
+            )
+            print(f"rank {rank} minimax_h3 {mode} max_diff={diff:.3e}", flush=True)
 
 
 if __name__ == "__main__":

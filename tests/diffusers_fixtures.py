@@ -28,6 +28,7 @@ from diffusers import (
     Flux2Transformer2DModel,
     FluxPipeline,
     FluxTransformer2DModel,
+    MiniMaxH3Transformer3DModel,
     QwenImage21Pipeline,
     QwenImage21Transformer2DModel,
     QwenImagePipeline,
@@ -424,6 +425,49 @@ CASES = {
         Case("wan", build_wan, wan_inputs, context_parallel=True, other_size=(32, 32)),
     )
 }
+
+
+def minimax_h3_transformer() -> MiniMaxH3Transformer3DModel:
+    """MiniMax-H3's transformer, tiny: 2 heads of 16 (12 channels rotated over t, h, w)."""
+    torch.manual_seed(0)
+    return MiniMaxH3Transformer3DModel(
+        num_attention_heads=2,
+        attention_head_dim=16,
+        hidden_size=32,
+        num_layers=2,
+        num_refiner_layers=1,
+        ffn_dim=64,
+        in_channels=4,
+        audio_in_channels=4,
+        patch_size=(1, 2, 2),
+        text_dim=16,
+        freq_dim=32,
+        time_embed_hidden_dim=32,
+        time_embed_dim=16,
+        rope_freq_dim=2,
+    ).eval()
+
+
+def minimax_h3_inputs(text: int = 4, video: int = 8, audio: int = 4) -> dict[str, torch.Tensor]:
+    """One packed sequence, as the modular pipeline lays it out: text rows (at the
+    conditioning timestep), then video and audio rows (at the denoising one)."""
+    g = torch.Generator().manual_seed(1)
+    rows = text + video + audio
+    positions = torch.arange(rows)
+    return {
+        "hidden_states": torch.randn(1, video, 16, generator=g),
+        "audio_hidden_states": torch.randn(1, audio, 4, generator=g),
+        "encoder_hidden_states": torch.randn(1, text, 16, generator=g),
+        "timestep": torch.tensor([0.999, 0.4]),
+        "timestep_indices": (positions >= text).long(),
+        "token_tags": torch.cat(
+            [torch.ones(text), torch.zeros(video), torch.full((audio,), 2.0)]
+        ).long(),
+        "position_ids": torch.stack([positions // 4, positions % 4 // 2, positions % 2], 1),
+        "text_indices": positions[:text],
+        "video_indices": positions[text : text + video],
+        "audio_indices": positions[text + video :],
+    }
 
 
 def to_device(inputs: dict[str, Any], device: str) -> dict[str, Any]:

@@ -8,7 +8,8 @@ row-parallel layers sum two partial products with an all-reduce, which reorders 
 reduction; measured differences are 2e-7 to 5e-7).
 
 ``enable_parallelism(config=ContextParallelConfig(...))`` for every model whose transformer has
-a ``_cp_plan`` (FLUX.1, FLUX.2, FLUX.2 Klein, Qwen-Image, Wan), Ulysses and ring, gives the
+a ``_cp_plan`` (FLUX.1, FLUX.2, FLUX.2 Klein, Qwen-Image, Wan, and MiniMax-H3's transformer
+alone), Ulysses and ring, gives the
 one-device output within the same tolerance (ring attention merges per-block results through
 their logsumexp in float32; measured differences 1e-7 to 6e-7).
 """
@@ -61,7 +62,8 @@ def test_context_parallel_ring_and_ulysses_match_one_device() -> None:
     )
     assert done.returncode == 0, done.stderr[-4000:]
     results = {(int(r), name, mode): float(d) for r, name, mode, d in CP_LINE.findall(done.stdout)}
-    expected = {(r, n, m) for r in (0, 1) for n in CP_CASES for m in ("ulysses", "ring")}
+    models = [*CP_CASES, "minimax_h3"]  # and MiniMax-H3's transformer (diffusers_cp_rank.py)
+    expected = {(r, n, m) for r in (0, 1) for n in models for m in ("ulysses", "ring")}
     assert set(results) == expected, done.stdout
     for (rank, name, mode), diff in results.items():
         assert diff <= 1e-5, f"rank {rank} {name} {mode}: max difference {diff} vs one device"
