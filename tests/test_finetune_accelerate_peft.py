@@ -1,7 +1,7 @@
 """An Accelerate training loop and PEFT LoRA on neuron, against the same run on the CPU.
 
 Tolerances: float32 step losses within FP32_TOL (1e-5 relative), bf16 autocast within
-BF16_TOL (1e-2 relative; measured equal). Logits of a reloaded or merged LoRA model equal the
+BF16_TOL (1e-2 relative). Logits of a reloaded or merged LoRA model equal the
 trained adapter model's within 1e-5 (merging adds B·A·scale into W, a different rounding of
 the same sum).
 """

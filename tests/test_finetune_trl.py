@@ -4,7 +4,7 @@ TRL ≥ 1.16 pads batches to a multiple of 128 tokens when the trainer's device 
 (`SFTConfig.__post_init__`: `pad_to_multiple_of="auto"` → 128 if `self.device.type ==
 "neuron"`), so a compiled model sees few shapes. The CPU reference is given the same padding
 explicitly, so both runs compute on the same shapes: bf16 autocast (SFTConfig's default) within
-BF16_TOL (measured equal), float32 within FP32_TOL.
+BF16_TOL, float32 within FP32_TOL.
 """
 
 from __future__ import annotations

@@ -9,8 +9,9 @@ node0's address. The ranks (tests/multihost_rank.py) write what they saw to JSON
 below compare it with closed forms, a one-device reference, and the time the link went down.
 
 The job runs once per module (about 30-60 s on a loaded two-core machine; the /dev/shm case
-at the end takes ~12 s). It is skipped, with the reason, where namespaces cannot be made (not
-root, no CAP_NET_ADMIN/CAP_SYS_ADMIN, no `ip` or `unshare`). Namespaces, links and
+at the end takes ~12 s). Where namespaces cannot be made (no CAP_NET_ADMIN/CAP_SYS_ADMIN, no
+`ip` or `unshare`) it is skipped for an unprivileged user and fails as root (CI runs as root:
+tests/support/privileges.py). Namespaces, links and
 /etc/netns entries are removed whatever happens.
 """
 

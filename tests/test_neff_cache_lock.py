@@ -1,7 +1,7 @@
 """Compile-cache locks left by dead processes are taken over at once; live ones are respected.
 
 A process killed while compiling (SIGKILL here, as the OOM killer does) leaves its lock
-file. The next process must take it over within a second instead of waiting out
+file. The next process must take it over (its takeover counter says so) instead of waiting out
 TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT (1200 s); a lock whose owner still runs, or that
 this host cannot judge (another host, another PID namespace), is still waited for.
 """

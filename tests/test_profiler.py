@@ -2,8 +2,9 @@
 (Kineto, with the neuron device timeline) and memory profiling.
 
 Reference points: device time is bounded by the wall time measured around the profiled
-region, and (the device runs its work on the launching thread) a kernel lies inside the CPU
-op that launched it; memory events match a known allocation byte for byte.
+region; a kernel run on the launching thread lies inside the CPU op that launched it (one
+launched to a stream worker is credited to that op and starts inside it); memory events match
+a known allocation byte for byte.
 """
 
 from __future__ import annotations

@@ -150,7 +150,7 @@ def transport(group: Any = None) -> str:
     """ "shm" or "gloo": how the neuron backend of `group` (default: the world) moves data.
 
     Chosen when the group is created: shared memory when all its ranks share a host (same
-    host name, boot id and user), else Gloo for every collective of the group.
+    host name, boot id, user and /dev/shm mount), else Gloo for every collective of the group.
     """
     import torch.distributed as dist
 
