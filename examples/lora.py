@@ -1,6 +1,7 @@
 """LoRA fine-tuning with PEFT on neuron: train adapters, save them, reload, merge.
 
     python examples/lora.py
+    python examples/lora.py --base-steps 2 --lora-steps 2     # a quick run (the suite's)
 
 A small Llama (built from a config, random weights; no download) first trains on two-digit
 addition for a few steps to serve as a "base model"; LoRA adapters (rank 8 on the attention
@@ -13,6 +14,7 @@ and the reloaded-and-merged models give the same logits and answers, and prints 
 
 from __future__ import annotations
 
+import argparse
 import copy
 import os
 import tempfile
@@ -25,6 +27,11 @@ from peft import LoraConfig, PeftModel, get_peft_model
 from torchneuron.finetune_demo import evaluation, task, training
 from torchneuron.finetune_demo import model as models
 from torchneuron.finetune_demo.tokenizer import build_tokenizer
+
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--base-steps", type=int, default=60, help="base model's training steps")
+parser.add_argument("--lora-steps", type=int, default=80, help="LoRA adapters' training steps")
+args = parser.parse_args()
 
 torch.set_num_threads(1)
 training.quiet_libraries()
@@ -42,8 +49,8 @@ def train(model: torch.nn.Module, steps: int, learning_rate: float) -> list[floa
     return curve.losses
 
 
-print("1. base model: full training on neuron, 60 steps")
-losses = train(base, 60, 3e-3)
+print(f"1. base model: full training on neuron, {args.base_steps} steps")
+losses = train(base, args.base_steps, 3e-3)
 print(f"   loss {losses[0]:.3f} -> {losses[-1]:.3f}")
 
 print("2. LoRA adapters (rank 8, q/k/v/o projections) trained on neuron, base frozen")
@@ -54,7 +61,7 @@ lora = get_peft_model(
 trainable = sum(p.numel() for p in lora.parameters() if p.requires_grad)
 total = sum(p.numel() for p in lora.parameters())
 print(f"   trainable parameters: {trainable} of {total} ({trainable / total:.1%})")
-losses = train(lora, 80, 3e-3)
+losses = train(lora, args.lora_steps, 3e-3)
 lora_answers = evaluation.answer(lora, tokenizer, split.held_out)
 print(f"   loss {losses[0]:.3f} -> {losses[-1]:.3f}")
 

@@ -1,6 +1,7 @@
 """Distributed SFT on neuron: tensor parallel x FSDP from a ``DistributedConfig``.
 
     torchrun --nproc_per_node=4 examples/sft_distributed.py
+    torchrun --nproc_per_node=4 examples/sft_distributed.py --steps 2    # a quick run
 
 Four ranks form a 2 x 2 mesh of neuron devices: each layer's matrices are split across a pair
 (tensor parallel, the model's own ``base_model_tp_plan``), and the pairs shard parameters,
@@ -13,6 +14,7 @@ unchanged. Rank 0 prints the model's sharding, the loss, and the answer accuracy
 
 from __future__ import annotations
 
+import argparse
 import os
 import tempfile
 import warnings
@@ -26,6 +28,10 @@ from transformers.distributed import DistributedConfig
 from torchneuron.finetune_demo import evaluation, task, training
 from torchneuron.finetune_demo import model as models
 from torchneuron.finetune_demo.tokenizer import build_tokenizer
+
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--steps", type=int, default=30, help="training steps")
+args = parser.parse_args()
 
 warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
 warnings.filterwarnings("ignore", category=FutureWarning)
@@ -50,7 +56,8 @@ if rank == 0:
         f"local shard {tuple(q_proj.to_local().shape)} on {q_proj.to_local().device}"
     )
 
-plan = training.TrainingPlan(steps=30, batch_size=32, learning_rate=3e-3, output_dir=local)
+log_every = min(10, max(1, args.steps // 2))  # 10 as before; short runs log more often
+plan = training.TrainingPlan(args.steps, 32, 3e-3, local, log_every=log_every)
 curve = training.LossCurve(show_bar=rank == 0)
 trainer = training.make_trainer(model, tokenizer, task.as_records(split.train), plan, curve)
 trainer.train()
