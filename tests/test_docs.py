@@ -385,12 +385,28 @@ def _start(argv: list[str], directory: Path) -> Run:
     return Run(process, directory)
 
 
+# The run each test checks, so that the fixture below starts only those of the selected tests.
+RUN_OF_TEST = {
+    "test_documented_python_m_commands_take_help_and_their_flags": "help",
+    "test_example_lora": "lora",
+    "test_example_sft_distributed": "sft_distributed",
+    "test_example_diffusers_pipeline": "diffusers",
+    "test_example_diffusers_pipeline_tensor_parallel": "diffusers_tp",
+}
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
-    """Starts the --help driver and every example run at once."""
+def runs(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Run]]:
+    """Starts the --help driver and the example runs of the selected tests, all at once."""
+    selected = {
+        RUN_OF_TEST[item.name]
+        for item in request.session.items
+        if item.name in RUN_OF_TEST and item.path == request.path
+    }
     own = sorted(m for m in documented_commands() if m.split(".")[0] in OWN_PACKAGES)
-    names = ("help", "lora", "sft_distributed", "diffusers", "diffusers_tp")
-    d = {name: tmp_path_factory.mktemp(name) for name in names}
+    d = {name: tmp_path_factory.mktemp(name) for name in RUN_OF_TEST.values()}
     commands = {
         "help": [sys.executable, "-c", HELP_DRIVER, json.dumps(own), str(d["help"] / "help.json")],
         "lora": [sys.executable, "examples/lora.py", "--base-steps", "2", "--lora-steps", "2"],
@@ -405,7 +421,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
             "--out", str(d["diffusers_tp"]),
         ],
     }  # fmt: skip
-    started = {name: _start(argv, d[name]) for name, argv in commands.items()}
+    started = {name: _start(argv, d[name]) for name, argv in commands.items() if name in selected}
     yield started
     for run in started.values():
         if run.process.poll() is None:  # a test failed before waiting for it
