@@ -1,6 +1,6 @@
 """Diffusers pipelines on neuron against the CPU: eager, compiled, loading and offloading.
 
-The pipelines (tests/diffusers_fixtures.py) are small, random and built from configs, with
+The pipelines (tests/support/diffusers_fixtures.py) are small, random and built from configs, with
 prompt embeddings instead of text encoders; every run is 2 denoising steps from seed 0.
 Tolerances: neuron runs PyTorch's CPU kernels under TORCHNEURON_NATIVE_KERNELS=0, so a
 pipeline then computes the CPU's numbers bit for bit, except where Diffusers itself takes
@@ -20,7 +20,7 @@ from __future__ import annotations
 import pytest
 import torch
 from diffusers import DiffusionPipeline, FluxTransformer2DModel
-from diffusers_fixtures import (
+from support.diffusers_fixtures import (
     CASES,
     build_flux,
     compiled_vs_eager,
@@ -60,7 +60,7 @@ def test_eager_matches_cpu(name: str, cpu_outputs: dict[str, torch.Tensor]) -> N
 
 # Compiling costs ~15-25 s per graph on 2 cores (Dynamo's trace and Inductor's C++, not the
 # run), so the suite compiles the two models the benchmark measures; the same check for every
-# case is the command `python tests/diffusers_fixtures.py` (docs/diffusers.md has its results).
+# case is `python tests/support/diffusers_fixtures.py` (docs/diffusers.md has its results).
 @pytest.mark.parametrize("name", ["flux", "qwenimage"])
 def test_compiled_matches_eager_one_compile_per_resolution(name: str) -> None:
     diffs, compiles = compiled_vs_eager(CASES[name])

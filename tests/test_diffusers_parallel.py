@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from conftest import clean_env
-from diffusers_fixtures import CASES
+from support.diffusers_fixtures import CASES
 
 TP_CASES = [name for name, case in CASES.items() if case.tensor_parallel]
 LINE = re.compile(r"rank (\d) (\w+) sharded=(\d+) max_diff=([0-9.e+-]+)")
@@ -32,7 +32,7 @@ CP_LINE = re.compile(r"rank (\d) (\w+) (ulysses|ring) max_diff=([0-9.e+-]+)")
 
 def test_tensor_parallel_matches_one_device() -> None:
     assert TP_CASES == ["flux", "flux2", "flux2_klein", "qwenimage", "qwenimage21"]
-    script = Path(__file__).parent / "diffusers_tp_rank.py"
+    script = Path(__file__).parent / "support" / "diffusers_tp_rank.py"
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
         + [str(script), *TP_CASES],
@@ -51,7 +51,7 @@ def test_tensor_parallel_matches_one_device() -> None:
 
 def test_context_parallel_ring_and_ulysses_match_one_device() -> None:
     assert CP_CASES == ["flux", "flux2", "flux2_klein", "qwenimage", "wan"]
-    script = Path(__file__).parent / "diffusers_cp_rank.py"
+    script = Path(__file__).parent / "support" / "diffusers_cp_rank.py"
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
         + [str(script), *CP_CASES],

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from finetune_fixtures import (
+from support.finetune_fixtures import (
     BF16_TOL,
     FP32_TOL,
     assert_losses_close,

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from finetune_fixtures import (
+from support.finetune_fixtures import (
     BF16_TOL,
     FP32_TOL,
     TESTS_DIR,
@@ -42,8 +42,8 @@ from finetune_fixtures import (
 
 DEADLINE_S = 300
 LOGITS_TOL = {"rtol": 1e-5, "atol": 1e-5}
-SFT_WORKER = str(TESTS_DIR / "finetune_sft_worker.py")
-ACCELERATE_WORKER = str(TESTS_DIR / "finetune_accelerate_worker.py")
+SFT_WORKER = str(TESTS_DIR / "support" / "finetune_sft_worker.py")
+ACCELERATE_WORKER = str(TESTS_DIR / "support" / "finetune_accelerate_worker.py")
 
 
 def _torchrun(nproc: int, *args: str) -> None:
@@ -68,7 +68,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(scope="module")
 def reference(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """The same SFT run in this process on one neuron device, float32."""
-    from finetune_sft_worker import run_sft
+    from support.finetune_sft_worker import run_sft
 
     report = run_sft(model_dir, str(tmp_path_factory.mktemp("reference")))
     assert report["device"] == "neuron:0" and report["world"] == 1
@@ -77,7 +77,7 @@ def reference(model_dir: str, tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 
 def _untrained_logits(model_dir: str) -> torch.Tensor:
-    from finetune_sft_worker import PROMPT
+    from support.finetune_sft_worker import PROMPT
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
@@ -91,7 +91,7 @@ def _report(out: Path) -> dict:
 
 
 def test_accelerate_launch_two_processes(tmp_path):
-    from finetune_accelerate_worker import accelerate_losses
+    from support.finetune_accelerate_worker import accelerate_losses
 
     out = tmp_path / "two.json"
     env = dict(os.environ)
@@ -133,7 +133,7 @@ def test_tp2_fsdp2_four_ranks_sft_save_and_cpu_reload(model_dir, reference, tmp_
         "import json, sys, torch\n"
         "from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast\n"
         f"sys.path.insert(0, {str(TESTS_DIR)!r})\n"
-        "from finetune_sft_worker import PROMPT\n"
+        "from support.finetune_sft_worker import PROMPT\n"
         f"m = AutoModelForCausalLM.from_pretrained({str(saved)!r}).eval()\n"
         f"tok = PreTrainedTokenizerFast.from_pretrained({str(saved)!r})\n"
         "ids = tok(PROMPT, return_tensors='pt')['input_ids']\n"

@@ -3,7 +3,7 @@
 Each test trains the tiny Llama of finetune_fixtures twice from the same weights and seed,
 once with `use_cpu=True` and once on the device Trainer picks (neuron:0), and compares the
 per-step losses: float32 within FP32_TOL (1e-5 relative), bf16 autocast within BF16_TOL
-(1e-2 relative; tests/finetune_fixtures.py gives the reasons).
+(1e-2 relative; tests/support/finetune_fixtures.py gives the reasons).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from finetune_fixtures import (
+from support.finetune_fixtures import (
     BF16_TOL,
     FP32_TOL,
     arithmetic_texts,

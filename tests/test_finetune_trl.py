@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from finetune_fixtures import (
+from support.finetune_fixtures import (
     BF16_TOL,
     FP32_TOL,
     assert_losses_close,

@@ -5,7 +5,7 @@ only inside the two namespaces) and a UTS namespace with its own host name (node
 resolved through /etc/netns/<ns>/hosts as DNS would on a cluster. Both share this kernel,
 /dev/shm and boot id; what tells them apart is the host name, as between real hosts. One
 `torchrun --nnodes 2 --nproc-per-node 2` runs per namespace with a static rendezvous on
-node0's address. The ranks (tests/multihost_rank.py) write what they saw to JSON; the tests
+node0's address. The ranks (tests/support/multihost_rank.py) write what they saw to JSON; the tests
 below compare it with closed forms, a one-device reference, and the time the link went down.
 
 The job runs once per module (about 30-60 s on a loaded two-core machine; the /dev/shm case
@@ -181,7 +181,7 @@ def two_host_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str,
         env = clean_env(MULTIHOST_OUT=str(out), MULTIHOST_LINK_TIMEOUT_S=str(LINK_TIMEOUT_S))
         for name in ("TORCHNEURON_DIST_TRANSPORT", "GLOO_SOCKET_IFNAME", "MASTER_ADDR"):
             env.pop(name, None)
-        rank_program = str(Path(__file__).with_name("multihost_rank.py"))
+        rank_program = str(Path(__file__).parent / "support" / "multihost_rank.py")
         logs = [out / f"{host}.log" for host in HOSTS]
         nodes = []
         for i in range(2):

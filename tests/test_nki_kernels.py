@@ -1,4 +1,4 @@
-"""Sample-style NKI kernels (tests/nki_sample_kernels.py) against numpy references, on the
+"""Sample-style NKI kernels (tests/support/nki_sample_kernels.py) against numpy references, on the
 interpreter and the compiled path. The compiled path's numpy program
 (TORCHNEURON_NKI_ROW_PROGRAMS=never) equals the interpreter exactly, except where it fuses a
 matmul contraction chain into one matmul (torchneuron/nki/fusion.py): the summation order then
@@ -8,9 +8,9 @@ sums and use a polynomial exp: results agree to float32 rounding."""
 
 from __future__ import annotations
 
-import nki_sample_kernels as k
 import numpy as np
 import pytest
+import support.nki_sample_kernels as k
 
 RNG = np.random.default_rng(1234)
 

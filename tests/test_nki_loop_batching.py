@@ -6,9 +6,9 @@ they are and still equal it."""
 
 from __future__ import annotations
 
-import nki_sample_kernels as k
 import numpy as np
 import pytest
+import support.nki_sample_kernels as k
 
 import torchneuron.nki as nki
 import torchneuron.nki.isa as nisa

@@ -1,4 +1,4 @@
-"""Public-tutorial-style kernels (tests/nki_public_style_kernels.py) run unchanged but for
+"""Public-tutorial-style kernels (tests/support/nki_public_style_kernels.py) run unchanged but for
 their import: the module imports neuronxcc.nki / nki, resolved by install_aliases()."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def kernels():
     installed = tnki.install_aliases()
     assert {"neuronxcc", "neuronxcc.nki", "nki"} <= set(installed)
     try:
-        yield importlib.import_module("nki_public_style_kernels")
+        yield importlib.import_module("support.nki_public_style_kernels")
     finally:
         for name in set(sys.modules) - before:
             del sys.modules[name]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import sys
 
-import nki_sample_kernels as k
 import numpy as np
 import pytest
+import support.nki_sample_kernels as k
 import torch
 
 import torchneuron.nki as nki

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from op_check import EXACT, Const, check, idx, pos, r
+from support.op_check import EXACT, Const, check, idx, pos, r
 
 # (function, input factory) per op; factories run after torch.manual_seed(0).
 UNARY = {

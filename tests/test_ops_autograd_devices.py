@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from op_check import DEVICE, EXACT, FP32
+from support.op_check import DEVICE, EXACT, FP32
 
 # ---------------------------------------------------------------------------- autograd, training
 

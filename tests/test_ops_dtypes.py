@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from op_check import BF16, DEVICE, EXACT, FP16, FP32, check
+from support.op_check import BF16, DEVICE, EXACT, FP16, FP32, check
 
 # ---------------------------------------------------------------------------- dtypes
 

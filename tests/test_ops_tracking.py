@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from op_check import DEVICE, EXACT
+from support.op_check import DEVICE, EXACT
 
 # ---------------------------------------------------------------------------- op tracking
 

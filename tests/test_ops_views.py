@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 import torch
-from op_check import DEVICE, EXACT, FP32, Const, check, idx, r
+from support.op_check import DEVICE, EXACT, FP32, Const, check, idx, r
 
 # ---------------------------------------------------------------------------- indexing
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from finetune_fixtures import make_tokenizer, step_losses, text_dataset  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/
+from support.finetune_fixtures import make_tokenizer, step_losses, text_dataset  # noqa: E402
 
 GLOBAL_BATCH = 4
 STEPS = 4

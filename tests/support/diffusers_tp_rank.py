@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 from diffusers import TensorParallelConfig
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import diffusers_fixtures as fixtures  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+import support.diffusers_fixtures as fixtures  # noqa: E402
 
 
 def main(names: list[str]) -> None:

@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 from diffusers import ContextParallelConfig
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import diffusers_fixtures as fixtures  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+import support.diffusers_fixtures as fixtures  # noqa: E402
 
 MODES = {
     "ulysses": (lambda n: ContextParallelConfig(ulysses_degree=n), None),

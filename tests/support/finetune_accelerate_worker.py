@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from finetune_fixtures import arithmetic_texts, make_tokenizer, tiny_model  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests/
+from support.finetune_fixtures import arithmetic_texts, make_tokenizer, tiny_model  # noqa: E402
 
 GLOBAL_BATCH = 4
 ROW = 32

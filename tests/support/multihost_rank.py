@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 OUT = Path(os.environ["MULTIHOST_OUT"])
 LINK_TIMEOUT_S = float(os.environ["MULTIHOST_LINK_TIMEOUT_S"])
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parent.parent))  # tests/
 from test_distributed import _batches, _mlp  # noqa: E402  (the model and data of the suite)
 
 

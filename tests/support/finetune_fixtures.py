@@ -35,7 +35,7 @@ BF16_TOL = {"rtol": 1e-2, "atol": 1e-3}
 
 SPECIAL = ["<pad>", "<s>", "</s>", "<unk>"]
 CHARS = string.digits + string.ascii_letters + " +-*=?.,:;!'\n"
-TESTS_DIR = Path(__file__).resolve().parent
+TESTS_DIR = Path(__file__).resolve().parent.parent  # tests/
 
 
 def make_tokenizer() -> Any:
@@ -85,9 +85,9 @@ def tiny_model(tokenizer: Any, seed: int = 0, **overrides: Any) -> Any:
     return LlamaForCausalLM(tiny_config(tokenizer, **overrides)).float()
 
 
-# The tokenizer and the tiny model as module-scoped fixtures, for the test modules that import
-# them (`from finetune_fixtures import base_model_fixture, tokenizer_fixture`); tests ask for
-# them by their names, `tok` and `base`.
+# The tokenizer and the tiny model as module-scoped fixtures, for the test modules that
+# import them (`from support.finetune_fixtures import base_model_fixture, tokenizer_fixture`);
+# tests ask for them by their names, `tok` and `base`.
 @pytest.fixture(scope="module", name="tok")
 def tokenizer_fixture() -> Any:
     return make_tokenizer()
