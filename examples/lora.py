@@ -42,10 +42,14 @@ scratch = tempfile.mkdtemp(prefix="lora-example-")
 
 
 def train(model: torch.nn.Module, steps: int, learning_rate: float) -> list[float]:
+    """Trains `model` in place; returns the losses. Accelerate wraps the model's forward in
+    bf16 autocast during training and leaves the wrapper on; it is removed here, or a copy
+    or PEFT wrapper of the model would call the wrapped forward of the original object."""
     plan = training.TrainingPlan(steps, 64, learning_rate, scratch, log_every=max(1, steps // 5))
     curve = training.LossCurve()
     trainer = training.make_trainer(model, tokenizer, task.as_records(split.train), plan, curve)
     trainer.train()
+    assert training.trained_model(trainer) is model  # unwrapped in place
     return curve.losses
 
 
@@ -55,6 +59,10 @@ print(f"   loss {losses[0]:.3f} -> {losses[-1]:.3f}")
 
 print("2. LoRA adapters (rank 8, q/k/v/o projections) trained on neuron, base frozen")
 frozen_base = copy.deepcopy(base)
+ids = tokenizer([p.prompt for p in split.held_out], return_tensors="pt", add_special_tokens=False)
+ids = ids["input_ids"].to("neuron")
+with torch.no_grad():
+    base_logits = base.eval()(ids).logits.cpu()
 lora = get_peft_model(
     base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
 )
@@ -72,13 +80,12 @@ print(f"3. saved the adapters to {adapter_dir} ({size / 1024:.0f} KiB)")
 
 reloaded = PeftModel.from_pretrained(frozen_base, adapter_dir).to("neuron").eval()
 merged = reloaded.merge_and_unload()  # plain LlamaForCausalLM with the adapters folded in
-ids = tokenizer([p.prompt for p in split.held_out], return_tensors="pt", add_special_tokens=False)
-ids = ids["input_ids"].to("neuron")
 lora.eval()
 with torch.no_grad():
     trained_logits = lora(ids).logits.cpu()
     merged_logits = merged(ids).logits.cpu()
 diff = (trained_logits - merged_logits).abs().max().item()
+moved = (trained_logits - base_logits).abs().max().item()
 merged_answers = evaluation.answer(merged, tokenizer, split.held_out)
 same = evaluation.identical_rows(lora_answers, merged_answers)
 print(
@@ -86,5 +93,7 @@ print(
     f"merged| = {diff:.2g} (tolerance 1e-3: merging re-associates float32 sums); greedy "
     f"answers identical on {same}/{len(split.held_out)} held-out problems"
 )
+print(f"   the adapters move the base model's logits by up to {moved:.2g}")
+assert moved > 10 * diff, (moved, diff)  # the comparison above is of two trained models
 assert diff < 1e-3, diff
 print("OK")
