@@ -11,73 +11,15 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
-import socket
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+from support.ranks import free_port, rank_entry, run_ranks
 
 TOL = {"atol": 1e-5, "rtol": 1e-4}
 DEADLINE_S = 180
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _entry(
-    fn: Callable[[int, int], object],
-    rank: int,
-    size: int,
-    port: int,
-    results,
-    group_timeout_s: float | None = None,
-) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank))
-    try:
-        import datetime
-
-        import torch.distributed as dist
-
-        # Set at the first init: re-initialising on the same port races the old store's
-        # shutdown (a rank can join the old server just before rank 0 closes it).
-        timeout = None if group_timeout_s is None else datetime.timedelta(seconds=group_timeout_s)
-        dist.init_process_group("neuron", rank=rank, world_size=size, timeout=timeout)
-        value = fn(rank, size)
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        results.put((rank, "ok", value))
-    except BaseException:  # noqa: BLE001 - reported to the parent, which fails the test
-        results.put((rank, "error", traceback.format_exc()))
-
-
-def run_ranks(fn: Callable[[int, int], object], size: int) -> dict[int, object]:
-    """fn(rank, size) in `size` spawned processes; returns rank -> fn's value."""
-    ctx = mp.get_context("spawn")
-    results = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_entry, args=(fn, r, size, port, results)) for r in range(size)]
-    for p in procs:
-        p.start()
-    got: dict[int, tuple[str, object]] = {}
-    try:
-        while len(got) < size:
-            rank, status, value = results.get(timeout=DEADLINE_S)
-            got[rank] = (status, value)
-    except queue.Empty:
-        pytest.fail(f"ranks {sorted(set(range(size)) - set(got))} did not report in {DEADLINE_S} s")
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-    errors = {r: v for r, (s, v) in got.items() if s != "ok"}
-    assert not errors, "\n".join(f"rank {r}:\n{v}" for r, v in errors.items())
-    return {r: v for r, (_, v) in got.items()}
 
 
 # --- collectives -----------------------------------------------------------------------
@@ -332,8 +274,13 @@ def _run_fault(fn: Callable[[int, int], object]) -> list[int | None]:
     timeout is a long 60 s: faults must be noticed by liveness or the call's own timeout."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_entry, args=(fn, r, 2, port, results, 60.0)) for r in range(2)]
+    port = free_port()
+    procs = [
+        ctx.Process(
+            target=rank_entry, args=(fn, r, 2, port, results), kwargs={"group_timeout_s": 60}
+        )
+        for r in range(2)
+    ]
     for p in procs:
         p.start()
     for p in procs:

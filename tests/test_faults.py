@@ -239,19 +239,20 @@ def _entry_with_budget(fn, rank: int, size: int, port: int, results) -> None:  #
     # conftest (imported with this module) clears the budget in every process it loads in;
     # the runtime reads it at its first use, which comes after this.
     os.environ["TORCHNEURON_HOST_MEMORY_BUDGET"] = "64MiB"
-    from test_distributed import _entry
+    from support.ranks import rank_entry
 
-    _entry(fn, rank, size, port, results)
+    rank_entry(fn, rank, size, port, results)
 
 
 def test_out_of_memory_inside_a_collective():
     import multiprocessing as mp
 
-    from test_distributed import DEADLINE_S, _free_port
+    from support.ranks import free_port
+    from test_distributed import DEADLINE_S
 
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     ranks = [ctx.Process(target=_entry_with_budget, args=(_collective_oom, r, 2, port, results))
              for r in range(2)]  # fmt: skip
     for p in ranks:

@@ -137,6 +137,6 @@ def _average_against_sum(rank: int, size: int) -> str:
 def test_average_against_sum_is_a_mismatch():
     """AVG is a SUM then a division, and the shared-memory path compared only the SUM: a rank
     averaging while its peer summed got 1.5 and 3.0 silently (found by the collectives fuzz)."""
-    from test_distributed import run_ranks
+    from support.ranks import run_ranks
 
     assert run_ranks(_average_against_sum, 2) == {0: "ok", 1: "ok"}

@@ -289,9 +289,9 @@ def test_a_rank_with_its_own_dev_shm_counts_as_another_host():
     )
     if probe.returncode != 0:
         cannot_run(f"cannot mount a private /dev/shm: {probe.stderr.strip()}")
-    from test_distributed import _free_port
+    from support.ranks import free_port
 
-    port = str(_free_port())
+    port = str(free_port())
     ranks = []
     for rank in range(2):
         env = clean_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE="2")

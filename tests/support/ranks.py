@@ -22,35 +22,52 @@ import torch
 DEADLINE_S = 300
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _entry(
-    fn: Callable[..., Any], rank: int, size: int, port: int, backend: str, args: tuple, results: Any
+def rank_entry(
+    fn: Callable[..., Any],
+    rank: int,
+    size: int,
+    port: int,
+    results: Any,
+    backend: str = "neuron",
+    args: tuple = (),
+    group_timeout_s: float | None = None,
 ) -> None:
+    """One rank: joins the group, runs fn(rank, size, *args), puts (rank, "ok"|"error", value).
+
+    The group's timeout is set at the first init: re-initialising on the same port races the
+    old store's shutdown (a rank can join the old server just before rank 0 closes it)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank))
     try:
+        import datetime
+
         import torch.distributed as dist
 
         torch.set_num_threads(1)  # the CPU reference and the device run the same reductions
-        dist.init_process_group(backend, rank=rank, world_size=size)
+        timeout = None if group_timeout_s is None else datetime.timedelta(seconds=group_timeout_s)
+        dist.init_process_group(backend, rank=rank, world_size=size, timeout=timeout)
         value = fn(rank, size, *args)
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
         results.put((rank, "ok", value))
     except BaseException:  # noqa: BLE001 - reported to the parent, which fails the test
         results.put((rank, "error", traceback.format_exc()))
 
 
-def run_ranks(fn: Callable[..., Any], size: int, backend: str, *args: Any) -> dict[int, Any]:
+def run_ranks(
+    fn: Callable[..., Any], size: int, backend: str = "neuron", *args: Any
+) -> dict[int, Any]:
     """fn(rank, size, *args) in `size` spawned processes under `backend`; rank -> value."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [
-        ctx.Process(target=_entry, args=(fn, r, size, port, backend, args, results))
+        ctx.Process(target=rank_entry, args=(fn, r, size, port, results, backend, args))
         for r in range(size)
     ]
     for p in procs:
