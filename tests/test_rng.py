@@ -270,3 +270,15 @@ def test_fixed_seed_same_in_fresh_process(fresh):
     assert torch.randint(0, 1000, (6,), device=DEVICE).tolist() == b
     assert F.dropout(torch.ones(16, device=DEVICE), 0.5).tolist() == c
     assert torch.randn(4, device="neuron:1").tolist() == d
+
+
+def test_set_rng_state_under_fake_tensor_mode_restores_the_state() -> None:
+    """DTensor's sharding propagation (LocalTensor) restores RNG states under FakeTensorMode,
+    which refuses ops on real tensors: set_rng_state must not run one (it cloned the state)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    state = torch.neuron.get_rng_state()
+    expected = torch.randn(5, device="neuron").cpu()
+    with FakeTensorMode():
+        torch.neuron.set_rng_state(state)
+    assert torch.equal(torch.randn(5, device="neuron").cpu(), expected)

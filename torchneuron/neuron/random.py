@@ -38,7 +38,11 @@ def set_rng_state(new_state: torch.Tensor, device: DeviceLike = "neuron") -> Non
             f"set_rng_state expects a torch.ByteTensor (as get_rng_state returns), got "
             f"{type(new_state).__name__}."
         )
-    state = new_state.clone(memory_format=torch.contiguous_format).cpu()
+    # No clone: set_state copies the bytes. A clone is an op, which fake tensor mode refuses
+    # on the real state tensor (DTensor's sharding propagation restores RNG states under it).
+    state = new_state if new_state.device.type == "cpu" else new_state.cpu()
+    if not state.is_contiguous():
+        state = state.contiguous()
     _default_generator(_get_device_index(device)).set_state(state)
 
 
