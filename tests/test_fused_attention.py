@@ -173,6 +173,23 @@ def test_sdpa_keeps_the_cpu_op_for_plain_tensors() -> None:
     assert "aten::_scaled_dot_product_efficient_attention" not in executed, executed
 
 
+def test_sdpa_kernel_efficient_attention_runs_the_efficient_op() -> None:
+    """sdpa_kernel(EFFICIENT_ATTENTION) on plain tensors: the CPU has no such kernel (its choice
+    finds no backend); neuron runs its efficient attention, as CUDA would."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = inputs(torch.float32)
+    torch.neuron.clear_op_tracking()
+    with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+        out = F.scaled_dot_product_attention(*on_neuron(q, k, v), is_causal=True)
+        with pytest.raises(RuntimeError, match="No viable backend"):
+            F.scaled_dot_product_attention(q, k, v)  # the CPU's choice, for comparison
+    assert "aten::_scaled_dot_product_efficient_attention" in torch.neuron.get_executed_ops()
+    torch.testing.assert_close(
+        out.cpu().double(), definition(q, k, v, causal=True)[0], **TOL[torch.float32]
+    )
+
+
 # --- context parallel --------------------------------------------------------------------
 
 CP_B, CP_H, CP_L, CP_E = 2, 4, 64, 16
@@ -251,6 +268,11 @@ def _heads_sharded(rank: int, size: int) -> bytes:
     torch.neuron.clear_op_tracking()
     out = F.scaled_dot_product_attention(*sharded, is_causal=True)
     executed = sorted(torch.neuron.get_executed_ops())
+    # the user's restriction holds: flash only keeps the CPU's op, which DTensor cannot shard
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION), pytest.raises(NotImplementedError):
+        F.scaled_dot_product_attention(*sharded, is_causal=True)
     buffer = io.BytesIO()
     torch.save((executed, full.cpu(), out.full_tensor().cpu()), buffer)
     return buffer.getvalue()

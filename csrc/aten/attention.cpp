@@ -9,8 +9,10 @@
 // efficient attention, whose branch is device-generic: aten::_scaled_dot_product_efficient_
 // attention, which neuron implements over the same CPU flash kernel (fused_attention.cpp)
 // and which DTensor and context parallel handle as on CUDA. Plain tensors keep the CPU's
-// op, which compiled graphs retarget to the native decode kernel (native_attention.py).
+// op, which compiled graphs retarget to the native decode kernel (native_attention.py),
+// unless the user allows efficient attention and not flash (sdpa_kernel), as CUDA would.
 #include <ATen/ATen.h>
+#include <ATen/Context.h>
 #include <ATen/SDPBackend.h>
 #include <ATen/native/DispatchStub.h>
 #include <ATen/native/transformers/attention.h>
@@ -20,12 +22,9 @@
 namespace torchneuron {
 namespace {
 
-// A tensor subclass that dispatches to Python (DTensor), outside fake tracing: fake tensors
-// are Python-dispatched too, and a compiled graph keeps the CPU's op (see above).
-bool is_subclass(const at::Tensor& t) {
-  return t.unsafeGetTensorImpl()->is_python_dispatch() &&
-         !c10::impl::TorchDispatchModeTLS::get_mode(c10::impl::TorchDispatchModeKey::FAKE);
-}
+// A tensor subclass that dispatches to Python (DTensor). Fake tensors are Python-dispatched
+// too; the caller excludes fake tracing, where a compiled graph keeps the CPU's op (above).
+bool is_subclass(const at::Tensor& t) { return t.unsafeGetTensorImpl()->is_python_dispatch(); }
 
 // The CPU's own choice function, called on the neuron tensors themselves. It reads only
 // metadata (dtype, nesting, strides, symbolic sizes through sym_size), so it also works on
@@ -35,11 +34,21 @@ bool is_subclass(const at::Tensor& t) {
 int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                          const std::optional<at::Tensor>& attn_mask, double dropout_p,
                          bool is_causal, std::optional<double> scale, bool enable_gqa) {
+  const auto efficient = static_cast<int64_t>(at::SDPBackend::efficient_attention);
+  const at::Context& context = at::globalContext();
+  // Efficient attention takes what these take: 4-d inputs with as many key/value heads as
+  // query heads, outside fake tracing, and only where the user allows it (sdpa_kernel).
+  const bool efficient_fits =
+      context.userEnabledMemEfficientSDP() && query.dim() == 4 && key.dim() == 4 &&
+      query.sym_size(1) == key.sym_size(1) &&
+      !c10::impl::TorchDispatchModeTLS::get_mode(c10::impl::TorchDispatchModeKey::FAKE);
+  // sdpa_kernel(EFFICIENT_ATTENTION): the CPU has no such kernel and would find no backend.
+  if (efficient_fits && !context.userEnabledFlashSDP()) return efficient;
   const int64_t choice = at::native::_fused_sdp_choice_cpp(query, key, value, attn_mask, dropout_p,
                                                            is_causal, scale, enable_gqa);
-  if (choice == static_cast<int64_t>(at::SDPBackend::flash_attention) && is_subclass(query) &&
-      query.dim() == 4 && key.dim() == 4 && query.sym_size(1) == key.sym_size(1)) {
-    return static_cast<int64_t>(at::SDPBackend::efficient_attention);
+  if (choice == static_cast<int64_t>(at::SDPBackend::flash_attention) && efficient_fits &&
+      is_subclass(query)) {
+    return efficient;
   }
   return choice;
 }
