@@ -30,20 +30,25 @@ CP_CASES = [name for name, case in CASES.items() if case.context_parallel]
 CP_LINE = re.compile(r"rank (\d) (\w+) (ulysses|ring) max_diff=([0-9.e+-]+)")
 
 
-def test_tensor_parallel_matches_one_device() -> None:
-    assert TP_CASES == ["flux", "flux2", "flux2_klein", "qwenimage", "qwenimage21"]
-    script = Path(__file__).parent / "support" / "diffusers_tp_rank.py"
+def _two_ranks(script: str, cases: list[str]) -> str:
+    """torchrun of tests/support/`script` on 2 ranks for `cases`; its standard output."""
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-        + [str(script), *TP_CASES],
+        + [str(Path(__file__).parent / "support" / script), *cases],
         env=clean_env(),
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    results = {(int(r), name): (int(n), float(d)) for r, name, n, d in LINE.findall(done.stdout)}
-    assert set(results) == {(rank, name) for rank in (0, 1) for name in TP_CASES}, done.stdout
+    return done.stdout
+
+
+def test_tensor_parallel_matches_one_device() -> None:
+    assert TP_CASES == ["flux", "flux2", "flux2_klein", "qwenimage", "qwenimage21"]
+    stdout = _two_ranks("diffusers_tp_rank.py", TP_CASES)
+    results = {(int(r), name): (int(n), float(d)) for r, name, n, d in LINE.findall(stdout)}
+    assert set(results) == {(rank, name) for rank in (0, 1) for name in TP_CASES}, stdout
     for (rank, name), (sharded, diff) in results.items():
         assert sharded > 0, f"rank {rank}: no parameter of {name} was sharded"
         assert diff <= 1e-5, f"rank {rank} {name}: max difference {diff} vs one device"
@@ -51,19 +56,10 @@ def test_tensor_parallel_matches_one_device() -> None:
 
 def test_context_parallel_ring_and_ulysses_match_one_device() -> None:
     assert CP_CASES == ["flux", "flux2", "flux2_klein", "qwenimage", "wan"]
-    script = Path(__file__).parent / "support" / "diffusers_cp_rank.py"
-    done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-        + [str(script), *CP_CASES],
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    results = {(int(r), name, mode): float(d) for r, name, mode, d in CP_LINE.findall(done.stdout)}
+    stdout = _two_ranks("diffusers_cp_rank.py", CP_CASES)
+    results = {(int(r), name, mode): float(d) for r, name, mode, d in CP_LINE.findall(stdout)}
     models = [*CP_CASES, "minimax_h3"]  # and MiniMax-H3's transformer (diffusers_cp_rank.py)
     expected = {(r, n, m) for r in (0, 1) for n in models for m in ("ulysses", "ring")}
-    assert set(results) == expected, done.stdout
+    assert set(results) == expected, stdout
     for (rank, name, mode), diff in results.items():
         assert diff <= 1e-5, f"rank {rank} {name} {mode}: max difference {diff} vs one device"
