@@ -27,8 +27,14 @@ say "lint (ruff, clang-format)"
 "$ROOT/.venv/bin/ruff" check torchneuron compat tests benchmarks examples
 find csrc tests/cpp -name '*.cpp' -o -name '*.h' | xargs "$ROOT/.venv/bin/clang-format" --dry-run -Werror
 
-say "pytest (asynchronous launches, the default)"
-"$PY" -m pytest tests -q "$@"
+# Every pytest pass runs its tests on pytest-xdist workers, one per core (at most 4): much of
+# the suite is single-threaded (Dynamo and Inductor compiling) or waits on subprocesses.
+# Each worker is a process of its own with its own device runtime and compile cache
+# (tests/conftest.py).
+WORKERS=$(($(nproc) < 4 ? $(nproc) : 4))
+XDIST=(-n "$WORKERS" --dist worksteal)
+say "pytest (asynchronous launches, the default), $WORKERS workers"
+"$PY" -m pytest tests -q "${XDIST[@]}" "$@"
 
 # The launch modes the default run exercises less: every op inline (NEURON_LAUNCH_BLOCKING=1)
 # and every eligible op on a stream worker, however small (TORCHNEURON_ASYNC_MIN_BYTES=0).
@@ -40,9 +46,9 @@ LAUNCH_MODE_TESTS=(tests/test_ops.py tests/test_ops_views.py tests/test_ops_dtyp
   tests/test_iterator_kernels.py tests/test_native_gather.py tests/test_native_isin.py
   tests/test_inductor_device.py)
 say "pytest, blocking launches (NEURON_LAUNCH_BLOCKING=1), ${#LAUNCH_MODE_TESTS[@]} files"
-NEURON_LAUNCH_BLOCKING=1 "$PY" -m pytest "${LAUNCH_MODE_TESTS[@]}" -q
+NEURON_LAUNCH_BLOCKING=1 "$PY" -m pytest "${LAUNCH_MODE_TESTS[@]}" -q "${XDIST[@]}"
 say "pytest, every eligible op asynchronous (TORCHNEURON_ASYNC_MIN_BYTES=0), ${#LAUNCH_MODE_TESTS[@]} files"
-TORCHNEURON_ASYNC_MIN_BYTES=0 "$PY" -m pytest "${LAUNCH_MODE_TESTS[@]}" -q
+TORCHNEURON_ASYNC_MIN_BYTES=0 "$PY" -m pytest "${LAUNCH_MODE_TESTS[@]}" -q "${XDIST[@]}"
 
 # Our kernels pick their instructions at run time, so the default passes test only the host's
 # best level. The kernel tests run again at every lower level the host can execute
@@ -56,5 +62,5 @@ HOST_ISA="$("$PY" -c 'import torchneuron; print(torchneuron._C._kernel_isa()["ho
 for level in scalar avx2 avx512 avx512_bf16 amx_bf16; do
   [ "$level" = "$HOST_ISA" ] && break
   say "pytest, kernel tests at the $level level (host: $HOST_ISA), ${#KERNEL_TESTS[@]} files"
-  TORCHNEURON_KERNEL_ISA=$level "$PY" -m pytest "${KERNEL_TESTS[@]}" -q
+  TORCHNEURON_KERNEL_ISA=$level "$PY" -m pytest "${KERNEL_TESTS[@]}" -q "${XDIST[@]}"
 done

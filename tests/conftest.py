@@ -31,10 +31,12 @@ for _name in _CONFIG_VARIABLES:
 # on to subprocesses: the suite runs in either mode (scripts/test.sh runs both).
 
 # Compiled graphs go to a cache of this run's own, so no test depends on (or is helped by)
-# what an earlier run left in the system temp directory.
-# Ranks spawned by the tests import this module too: they reuse their parent's directory.
-if "TORCHNEURON_TEST_NEFF_OWNER" not in os.environ:
-    os.environ["TORCHNEURON_TEST_NEFF_OWNER"] = str(os.getpid())
+# what an earlier run left in the system temp directory. Under pytest-xdist each worker has its
+# own (tests count what they compile). Ranks spawned by the tests import this module too: they
+# reuse their parent's directory.
+_NEFF_OWNER = os.environ.get("PYTEST_XDIST_WORKER", "main")
+if os.environ.get("TORCHNEURON_TEST_NEFF_OWNER") != _NEFF_OWNER:
+    os.environ["TORCHNEURON_TEST_NEFF_OWNER"] = _NEFF_OWNER
     os.environ["TORCH_NEURONX_NEFF_CACHE_DIR"] = tempfile.mkdtemp(prefix="torchneuron-test-neff-")
     os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
     atexit.register(shutil.rmtree, os.environ["TORCH_NEURONX_NEFF_CACHE_DIR"], ignore_errors=True)
