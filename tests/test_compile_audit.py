@@ -36,6 +36,25 @@ def test_audit_lists_each_signature_with_its_reason() -> None:
     assert "-> 1 with buckets" in result.format()
 
 
+def test_frames_after_a_dynamo_reset_are_new_frames() -> None:
+    """Dynamo numbers frames from 0 again after torch._dynamo.reset(): the first compile of a
+    frame after it is no recompile, whatever frame held that number before."""
+
+    def before(x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+    def after(x: torch.Tensor) -> torch.Tensor:
+        return x * 3
+
+    torch.compile(before, backend="neuron", fullgraph=True)(torch.ones(5, device="neuron"))
+    torch._dynamo.reset()
+    with audit() as result:
+        out = torch.compile(after, backend="neuron", fullgraph=True)(torch.ones(2, device="neuron"))
+    assert torch.equal(out.cpu(), torch.full((2,), 3.0))
+    assert [g.reason for g in result.graphs] == ["first compile of this frame"]
+    assert "changed from shape" not in result.format()
+
+
 def test_training_graphs_count_forward_and_backward() -> None:
     model = torch.nn.Linear(8, 4).to("neuron")
     compiled = torch.compile(model, backend="neuron", fullgraph=True)

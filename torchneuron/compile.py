@@ -174,6 +174,10 @@ def _note_compile(gm: torch.fx.GraphModule) -> None:
         metrics.graphs.append(entry)
         if compile_id is None:
             return
+        # Dynamo numbers frames from 0 again after torch._dynamo.reset(); its per-frame compile
+        # count (0 on a frame's first compile) tells a new frame from a recompile of an old one.
+        if compile_id.frame_compile_id == 0:
+            metrics.signatures[compile_id.frame_id or 0] = []
         seen = metrics.signatures.setdefault(compile_id.frame_id or 0, [])
         seen.append(signature)
         if len(seen) == 1:
