@@ -1,4 +1,4 @@
-"""Defects the fuzzer (torchneuron.tools.fuzz) found, each pinned by the case that found it.
+"""Defects the fuzzer (devtools.fuzz) found, each pinned by the case that found it.
 
 Before the fixes: a device index was narrowed to 8 bits before it was checked, so
 memory_stats(1000) silently reported neuron:0 (1000 wraps to -24, and a negative index

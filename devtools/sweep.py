@@ -27,7 +27,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from torchneuron.tools.conformance import (
+from devtools.checkout import child_environment
+from devtools.conformance import (
     CPU_ERROR,
     ERROR,
     FAIL,
@@ -118,7 +119,7 @@ class _Process:
             stderr=self.log,
             text=True,
             bufsize=1,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            env=child_environment(PYTHONUNBUFFERED="1"),
         )
         threading.Thread(target=self._read, daemon=True).start()
 

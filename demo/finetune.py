@@ -1,6 +1,6 @@
 """The main job: train a small language model from scratch on ``neuron`` to add numbers.
 
-``python -m torchneuron.demo`` (or ``scripts/demo.sh``) needs no network and no flags. It
+``python -m demo`` (or ``scripts/demo.sh``) needs no network and no flags. It
 generates two-digit addition problems, builds a character-level tokenizer and a Llama-style
 model from a config (random weights), measures the model's accuracy on held-out problems,
 trains it with TRL's ``SFTTrainer`` on the neuron device, measures again, saves the checkpoint,
@@ -8,8 +8,8 @@ and reloads it in a separate CPU-only process (``TORCH_DEVICE_BACKEND_AUTOLOAD=0
 produce the same answers token for token. Exit status 0 when it did, and training helped.
 
 ``--steps``, ``--model-size``, ``--digits`` scale it; ``--nproc 4`` runs the tensor-parallel x
-FSDP recipe under torchrun (see ``torchneuron.finetune_demo.distributed``). The pieces live
-in ``torchneuron.finetune_demo``.
+FSDP recipe under torchrun (see ``demo.distributed``). The pieces live beside this module
+in the ``demo`` package.
 """
 
 from __future__ import annotations
@@ -28,42 +28,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
 
-from torchneuron.finetune_demo import evaluation, task, training
-from torchneuron.finetune_demo import model as models
-from torchneuron.finetune_demo.tokenizer import build_tokenizer
+from . import evaluation, task, training
+from . import model as models
+from .arguments import HELD_OUT, parse_args
+from .tokenizer import build_tokenizer
 
-HELD_OUT = 200
 MAX_TRAIN_PROBLEMS = 20_000
 SHOWN = 4  # example answers printed before and after training
-
-
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m torchneuron.demo",
-        description="Train a small causal LM from scratch on neuron to add numbers; check the "
-        "saved checkpoint on the CPU.",
-    )
-    parser.add_argument("--steps", type=int, default=450, help="training steps (default 450)")
-    parser.add_argument(
-        "--model-size", choices=sorted(models.MODEL_SIZES), default="tiny", help="default tiny"
-    )
-    parser.add_argument("--digits", type=int, default=2, help="digits per operand (default 2)")
-    parser.add_argument("--batch-size", type=int, default=128, help="per step (default 128)")
-    parser.add_argument("--learning-rate", type=float, default=3e-3, help="peak (default 3e-3)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--nproc",
-        type=int,
-        default=1,
-        help="processes; 4 runs tensor parallel x FSDP (2 x 2) under torchrun",
-    )
-    parser.add_argument(
-        "--output-dir", default=None, help="keep the checkpoint here (default: a temporary dir)"
-    )
-    args = parser.parse_args(argv)
-    if args.steps < 1 or args.batch_size < 1 or args.nproc < 1:
-        parser.error("--steps, --batch-size and --nproc must be positive")
-    return args
 
 
 def show_answers(
@@ -182,11 +153,14 @@ def launch_distributed(args: argparse.Namespace, argv: Sequence[str]) -> int:
         "--standalone",
         f"--nproc_per_node={args.nproc}",
         "-m",
-        "torchneuron.finetune_demo.distributed",
+        "demo.distributed",
         *forwarded,
     ]
     print(f"launching: {' '.join(command)}", flush=True)
-    return subprocess.call(command)
+    # The demo is not installed: its ranks find it through the checkout it runs from.
+    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.pathsep.join(p for p in (checkout, os.environ.get("PYTHONPATH")) if p)
+    return subprocess.call(command, env=dict(os.environ, PYTHONPATH=path))
 
 
 def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) -> int:
@@ -195,7 +169,3 @@ def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) 
     if args.nproc > 1:
         return launch_distributed(args, argv)
     return run(args, out)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,5 +1,9 @@
-"""The pieces of the main job (``python -m torchneuron.demo``): fine-tune a small causal LM.
+"""The main job (``python -m demo``, ``scripts/demo.sh``): fine-tune a small causal LM on neuron.
 
+It lives beside the installable package, not in it: a demonstration, run from a checkout.
+
+- ``finetune``: the single-process run (and the launch of the torchrun recipe);
+- ``arguments``: the command line both runs share;
 - ``task``: the addition problems (data, prompts, answers, accuracy);
 - ``tokenizer``: a character-level tokenizer made locally;
 - ``model``: the model sizes, built from a ``LlamaConfig``;

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from torchneuron.tools.conformance import (
+from devtools.conformance import (
     BACKWARD,
     FORWARD,
     Unit,

@@ -34,6 +34,8 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
+from .fuzz_target import TargetReport, settings_for
+
 CASE_TIMEOUT = timedelta(seconds=2)
 DEADLINE_S = 600
 
@@ -246,8 +248,6 @@ def _rank_main(rank: int, port: int, examples: int, verbose: bool, results: Any)
         import torch
         import torch.distributed as dist
 
-        from .fuzz import settings_for
-
         dist.init_process_group("neuron", rank=rank, world_size=2)
         store = dist.distributed_c10d._get_default_store()
 
@@ -300,8 +300,6 @@ def _free_port() -> int:
 
 
 def run_collectives(examples: int, verbose: bool) -> Any:
-    from .fuzz import TargetReport
-
     started = time.monotonic()
     report = TargetReport("collectives (2 ranks)")
     ctx = mp.get_context("spawn")

@@ -23,6 +23,7 @@ import torch
 
 from . import evaluation, task, training
 from . import model as models
+from .arguments import HELD_OUT, parse_args
 from .tokenizer import build_tokenizer
 
 TP_SIZE = 2
@@ -32,9 +33,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM
     from transformers.distributed import DistributedConfig
 
-    from torchneuron import demo
 
-    args = demo.parse_args(list(sys.argv[1:] if argv is None else argv))
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     if world % TP_SIZE or world < 2 * TP_SIZE:
@@ -53,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module")
     warnings.filterwarnings("ignore", category=FutureWarning)
     start = time.perf_counter()
-    split = task.make_problems(args.digits, 20_000, demo.HELD_OUT, seed=args.seed)
+    split = task.make_problems(args.digits, 20_000, HELD_OUT, seed=args.seed)
     tokenizer = build_tokenizer()
     scratch = tempfile.mkdtemp(prefix=f"torchneuron-demo-rank{rank}-")
     models.build_model(args.model_size, tokenizer, 64, args.seed).save_pretrained(scratch)

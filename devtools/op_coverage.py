@@ -27,11 +27,11 @@ has no differentiable output or input: not counted).
 
 Usage::
 
-    python -m torchneuron.tools.op_coverage                # the fast subset, summary only
-    python -m torchneuron.tools.op_coverage --full         # everything -> docs/op_coverage.md
-    python -m torchneuron.tools.op_coverage --ops add,mm --out /tmp/report.md
-    python -m torchneuron.tools.op_coverage --full --json run.json   # also every result
-    python -m torchneuron.tools.op_coverage --full --from-json run.json  # re-render only
+    python -m devtools.op_coverage                # the fast subset, summary only
+    python -m devtools.op_coverage --full         # everything -> docs/op_coverage.md
+    python -m devtools.op_coverage --ops add,mm --out /tmp/report.md
+    python -m devtools.op_coverage --full --json run.json   # also every result
+    python -m devtools.op_coverage --full --from-json run.json  # re-render only
 
 The sweep runs the samples in worker processes (``--jobs``) with a per-sample timeout, so
 a crash or a hang of one sample is recorded against it and the sweep goes on. The report
@@ -53,8 +53,8 @@ from typing import Any
 
 import torch
 
-from torchneuron.tools import sweep
-from torchneuron.tools.conformance import (
+from devtools import sweep
+from devtools.conformance import (
     BACKWARD,
     COUNTED,  # noqa: F401  (tests read it from here)
     ERROR,  # noqa: F401  (tests read it from here)
@@ -83,7 +83,7 @@ from torchneuron.tools.conformance import (
     tensors,
     transform,
 )
-from torchneuron.tools.op_coverage_db import (
+from devtools.op_coverage_db import (
     DTYPES,
     FAST_OPS,
     HOST_ARGUMENTS,
@@ -93,7 +93,7 @@ from torchneuron.tools.op_coverage_db import (
     tolerance_override,
     units_for,
 )
-from torchneuron.tools.op_coverage_report import summary, write_report
+from devtools.op_coverage_report import summary, write_report
 
 # ---------------------------------------------------------------------------------------------
 # Moving samples to neuron and comparing
@@ -334,7 +334,7 @@ def check_op(key: str, dtype: str, mode: str) -> list[Result]:
 # Command line
 
 HARNESS = sweep.Harness(
-    module="torchneuron.tools.op_coverage",
+    module="devtools.op_coverage",
     what="OpInfo",
     option="ops",
     dtypes=list(DTYPES),

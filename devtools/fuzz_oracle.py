@@ -6,7 +6,7 @@ non-empty message. Anything else is a finding: another exception type (``Attribu
 from inside a function is a missing argument check), an empty message, an internal assert
 where the CPU gives a user error, success where the reference refuses the input, or a result
 that differs from the reference. Crashes and hangs are caught one level up, by running the
-cases in a subprocess with a timeout (``torchneuron.tools.fuzz``).
+cases in a subprocess with a timeout (``devtools.fuzz``).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from torchneuron.tools.conformance import (
+from devtools.conformance import (
     COUNTED,
     CPU_ERROR,
     ERROR,

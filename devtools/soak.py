@@ -1,6 +1,6 @@
 """Soak: long training and generation loops on `neuron`, watching for leaks.
 
-``python -m torchneuron.tools.soak`` runs three loops of 10,000 steps each (eager training,
+``python -m devtools.soak`` runs three loops of 10,000 steps each (eager training,
 training compiled with ``backend="neuron"``, and static-cache generation the way
 Transformers does it by default on neuron: compiled decode steps), sampling after every
 ``--every`` steps the device memory (allocated, reserved), the host's resident set, the open

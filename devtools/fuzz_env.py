@@ -24,6 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from .fuzz_oracle import Finding
+from .fuzz_target import TargetReport, settings_for
 
 CHILD_TIMEOUT_S = 60
 
@@ -109,8 +110,6 @@ def run_case(var: str, value: str, workdir: str) -> tuple[str, str]:
 
 
 def run_environment(examples: int, verbose: bool) -> Any:
-    from .fuzz import TargetReport, settings_for
-
     report = TargetReport("environment variables")
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="torchneuron-fuzz-env-") as workdir:

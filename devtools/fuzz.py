@@ -1,6 +1,6 @@
 """Fuzzing of torchneuron's public entry points with hypothesis.
 
-``python -m torchneuron.tools.fuzz --examples N`` runs every target with up to N generated
+``python -m devtools.fuzz --examples N`` runs every target with up to N generated
 cases each (derandomized: the same N give the same cases) and prints, per entry point, the
 number of cases run and what was found. Targets run in-process (one per child process, so
 a crash or hang of one is reported as such: the child prints each case before running it,
@@ -21,24 +21,19 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
+
+from .checkout import child_environment
+from .fuzz_target import TargetReport, settings_for
 
 CASE_MARK = "FUZZ-CASE "
 RESULT_MARK = "FUZZ-RESULT "
 
 
-@dataclass
-class TargetReport:
-    name: str
-    cases: int = 0
-    findings: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-
-
 def _targets() -> dict[str, tuple[Any, Callable[[Any], None]]]:
     if os.environ.get("TORCHNEURON_FUZZ_SELFTEST") == "1":
         return _self_test_targets()  # only these (and no torch import: a fast child)
+    # Imported when asked for, for the same reason.
     from .fuzz_api import device_api_targets
     from .fuzz_compile import compile_targets
     from .fuzz_tensors import tensor_targets
@@ -73,6 +68,7 @@ def _self_test_targets() -> dict[str, tuple[Any, Callable[[Any], None]]]:
 
 
 def _process_targets() -> dict[str, Callable[[int, bool], TargetReport]]:
+    # Imported when asked for: they import torch, which the self-test child must not pay for.
     from .fuzz_collectives import run_collectives
     from .fuzz_env import run_environment
 
@@ -84,23 +80,6 @@ def _process_targets() -> dict[str, Callable[[int, bool], TargetReport]]:
 
 def target_names() -> list[str]:
     return [*_targets(), *_process_targets()]
-
-
-def settings_for(examples: int, shrink: bool = True) -> Any:
-    """The fixed profile: derandomized, no example database, no deadline. shrink=False where
-    several processes must run the same cases in step (a shrinking process would diverge)."""
-    from hypothesis import HealthCheck, Phase, settings
-
-    return settings(
-        max_examples=examples,
-        derandomize=True,
-        database=None,
-        deadline=None,
-        suppress_health_check=list(HealthCheck),
-        phases=[Phase.explicit, Phase.generate, *([Phase.shrink] if shrink else [])],
-        print_blob=False,
-        report_multiple_bugs=False,
-    )
 
 
 def run_in_process(name: str, examples: int, verbose: bool = False) -> TargetReport:
@@ -154,12 +133,14 @@ def run_isolated(counts: dict[str, int], timeout: float) -> list[TargetReport]:
     if not in_process:
         return reports
     started = time.monotonic()
-    command = [sys.executable, "-X", "faulthandler", "-m", "torchneuron.tools.fuzz", "--child",
+    command = [sys.executable, "-X", "faulthandler", "-m", "devtools.fuzz", "--child",
                "--verbose", "--timeout", str(timeout)]  # fmt: skip
     for name, count in in_process.items():
         command += ["--target", f"{name}={count}"]
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=timeout, env=child_environment()
+        )
         out, err, code = done.stdout, done.stderr, done.returncode
     except subprocess.TimeoutExpired as expired:
         out = expired.stdout.decode() if isinstance(expired.stdout, bytes) else expired.stdout
