@@ -49,10 +49,10 @@ try:
     x = torch.arange(4.0, device="neuron") * 2
     assert x.sum().item() == 12.0
     count = torch.neuron.device_count()
-    from torchneuron import neff_cache
+    from torchneuron.compile import neff_cache
     neff_cache.NeffCache().check_root()
     timeout = neff_cache.lock_timeout()
-    from torchneuron import distributed
+    from torchneuron.distributed import process_group as distributed
     store = torch.distributed.HashStore()
     distributed._exchange_identities(store, 0, 1)
     print("ACCEPTED " + json.dumps({"devices": count, "lock_timeout": repr(timeout)}))

@@ -14,7 +14,7 @@ import torch
 import torch._dynamo
 from conftest import tiny_llama
 
-import torchneuron.compile as neuron_compile
+import torchneuron.compile.backend as neuron_compile
 
 TOL = {"atol": 1e-5, "rtol": 1e-4}
 

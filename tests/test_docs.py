@@ -285,11 +285,10 @@ def documented_commands() -> dict[str, set[str]]:
 def test_documented_commands_are_found() -> None:
     """The extraction, on the commands the docs are known to show."""
     commands = documented_commands()
-    assert {"torchneuron.fit", "devtools.fuzz", "torchneuron.hf_test_device"} <= set(
-        commands
-    )
+    expected = {"torchneuron.fidelity.fit", "devtools.fuzz", "torchneuron.device.hf_test_device"}
+    assert expected <= set(commands)
     assert {"--seq", "--batch", "--grad-checkpointing", "--fsdp", "--html"} <= commands[
-        "torchneuron.fit"
+        "torchneuron.fidelity.fit"
     ]
     assert "--examples" in commands["devtools.fuzz"]
     assert not any("<" in module or module.endswith(".") for module in commands)

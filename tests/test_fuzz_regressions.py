@@ -100,7 +100,7 @@ def test_wait_event_none_was_silently_ignored():
 @pytest.mark.parametrize("raw", ["nan", "NaN", "-nan"])
 def test_lock_timeout_nan_is_refused(raw, monkeypatch):
     """A NaN timeout made a wait for a live lock endless (monotonic() >= NaN is never true)."""
-    from torchneuron import neff_cache
+    from torchneuron.compile import neff_cache
 
     monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT", raw)
     with pytest.raises(ValueError, match="TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT=.* must be >= 0"):

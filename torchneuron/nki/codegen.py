@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..cache_trust import NeffCacheSecurityError
+from ..compile.cache_trust import NeffCacheSecurityError
 from . import cxx_build, dtypes, fusion, loop_batching, ops, row_programs
 from .runtime import Launch, Ref, Step, _identity
 from .tiles import resolve_keys

@@ -29,7 +29,7 @@ class Target:
 
 
 def _profiles() -> list[dict[str, object]]:
-    from .. import _C
+    from ... import _C
 
     return list(_C._chip_profiles())
 

@@ -6,10 +6,11 @@ which ``transformers.testing_utils`` and ``diffusers.utils.testing_utils`` (and 
 ``tests/testing_utils.py``) import and read attributes from. This module is that spec for
 neuron. The libraries import the spec with ``importlib.import_module(path[:path.index(".py")])``,
 so the variable must hold a bare file name in the directory pytest runs from (a path with
-slashes is not a module name). ``python -m torchneuron.hf_test_device [DIR]`` therefore writes
-a two-line file ``neuron_device_spec.py`` into DIR that re-exports this module, and prints the
-environment to use (stdout is shell, so ``eval "$(python -m torchneuron.hf_test_device)"``
-works). docs/hf_test_suites.md has the commands and measured results.
+slashes is not a module name). ``python -m torchneuron.device.hf_test_device [DIR]`` therefore
+writes a two-line file ``neuron_device_spec.py`` into DIR that re-exports this module, and prints
+the environment to use (stdout is shell, so
+``eval "$(python -m torchneuron.device.hf_test_device)"`` works). docs/hf_test_suites.md has the
+commands and measured results.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from torchneuron import neuron as _neuron
+from torchneuron import device as _neuron
 
 # Every attribute either library reads from a spec (transformers 5.24: DEVICE_NAME,
 # MANUAL_SEED_FN, EMPTY_CACHE_FN, DEVICE_COUNT_FN, SINGLE_PROCESS_DEVICE; diffusers 0.42:
@@ -50,7 +51,7 @@ SPEC_ATTRIBUTES: tuple[str, ...] = (
 )
 
 SHIM_FILE_NAME: str = "neuron_device_spec.py"
-_SHIM_MARKER = "# Written by `python -m torchneuron.hf_test_device`"
+_SHIM_MARKER = "# Written by `python -m torchneuron.device.hf_test_device`"
 
 
 def shim_source() -> str:
@@ -59,7 +60,7 @@ def shim_source() -> str:
     return (
         f"{_SHIM_MARKER}: the neuron device spec for the Hugging Face\n"
         "# test suites (TRANSFORMERS_TEST_DEVICE_SPEC / DIFFUSERS_TEST_DEVICE_SPEC).\n"
-        f"from torchneuron.hf_test_device import (  # noqa: F401\n{names})\n"
+        f"from torchneuron.device.hf_test_device import (  # noqa: F401\n{names})\n"
     )
 
 
@@ -80,7 +81,7 @@ def write_shim(directory: str | Path = ".", overwrite: bool = False) -> Path:
         existing = path.read_text(errors="replace")
         if not existing.startswith(_SHIM_MARKER):
             raise FileExistsError(
-                f"{path} exists and was not written by torchneuron.hf_test_device; "
+                f"{path} exists and was not written by torchneuron.device.hf_test_device; "
                 "remove it or pass --overwrite"
             )
     path.write_text(shim_source())
@@ -99,7 +100,7 @@ def environment_lines(spec_file_name: str = SHIM_FILE_NAME) -> list[str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m torchneuron.hf_test_device",
+        prog="python -m torchneuron.device.hf_test_device",
         description=(
             f"Write {SHIM_FILE_NAME} (the neuron device spec for the Transformers and Diffusers "
             "test suites) into DIR and print the environment that selects it. Run pytest "

@@ -2,7 +2,7 @@
 
 One step is traced with fake tensors (nothing is allocated), the live bytes followed over
 time as the caching allocator would count them, and the peak broken down by category; a
-layout (tp, fsdp, dp) then divides what it shards. ``python -m torchneuron.fit --help``.
+layout (tp, fsdp, dp) then divides what it shards. ``python -m torchneuron.fidelity.fit --help``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""python -m torchneuron.top: per-core memory and op rate of running processes, like neuron-top.
+"""python -m torchneuron.fidelity.top: per-core memory and op rate of running processes, like
+neuron-top.
 
 Reads the stats files processes publish (``TORCHNEURON_STATS=1``, see stats_publisher.py);
 the op rate is the difference of two readings ``--interval`` seconds apart.
@@ -14,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .stats_publisher import stats_dir
+from ..device.stats_publisher import stats_dir
 
 
 def read_all(directory: Path | None = None) -> dict[int, dict[str, Any]]:
@@ -77,7 +78,7 @@ def format_table(table: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m torchneuron.top", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m torchneuron.fidelity.top", description=__doc__)
     p.add_argument("--interval", type=float, default=1.0)
     p.add_argument("--once", action="store_true", help="print one table and exit")
     p.add_argument("--json", action="store_true")

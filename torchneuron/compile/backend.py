@@ -34,9 +34,8 @@ from typing import Any
 import torch
 import torch.fx
 
-from . import _C
+from .. import _C
 from .cache_trust import make_private_dirs
-from .compile_rewrites import rewrite_silu_mul
 from .native_attention import use_native_decode_attention, use_widened_attention_backward
 from .native_gemm import use_native_gemm
 from .neff_cache import (
@@ -46,6 +45,7 @@ from .neff_cache import (
     NeffCacheWarning,
     cache_dir,
 )
+from .rewrites import rewrite_silu_mul
 
 log = logging.getLogger("torchneuron.compile")
 
@@ -73,7 +73,8 @@ class _Metrics:
         self.host_graphs = 0  # forward/backward/inference graphs lowered to host code
         self.recompile_reasons: list[str] = []
         self.signatures: dict[int, list[list[tuple[str, tuple[int, ...], str]]]] = {}
-        # One entry per graph handed to the backend, in order: for torchneuron.compile_audit.
+        # One entry per graph handed to the backend, in order: for
+        # torchneuron.fidelity.compile_audit.
         self.graphs: list[dict[str, Any]] = []
 
 

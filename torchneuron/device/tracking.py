@@ -44,7 +44,7 @@ def get_dynamo_metrics() -> dict[str, Any]:
     """
     from torch._dynamo.utils import counters
 
-    from ..compile import cache_counters, metrics
+    from ..compile.backend import cache_counters, metrics
 
     cache = cache_counters()
     stats = counters["stats"]
@@ -74,7 +74,7 @@ def reset_dynamo_metrics() -> None:
     """Clears Dynamo's counters and the neuron backend's."""
     from torch._dynamo.utils import counters
 
-    from ..compile import cache_counters, metrics
+    from ..compile.backend import cache_counters, metrics
 
     counters.clear()
     with metrics.lock:

@@ -116,7 +116,7 @@ def _remote_peers(me: str, identities: dict[int, str], global_ranks: list[int]) 
 def _create_backend(options: Any, _backend_options: Any) -> Any:
     import torch.distributed as dist
 
-    from . import _C
+    from .. import _C
 
     store, rank, size = options.store, options.group_rank, options.group_size
     timeout = options.timeout

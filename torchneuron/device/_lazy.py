@@ -40,9 +40,10 @@ def _lazy_init() -> None:
         _initialized = True
         for call in calls:
             call()
-    from ..stats_publisher import maybe_start_from_environment
+    from .stats_publisher import maybe_start_from_environment
 
-    maybe_start_from_environment()  # opt-in (TORCHNEURON_STATS=1): for python -m torchneuron.top
+    # Opt-in (TORCHNEURON_STATS=1): for python -m torchneuron.fidelity.top.
+    maybe_start_from_environment()
 
 
 def _lazy_call(callable_: Callable[[], None]) -> None:

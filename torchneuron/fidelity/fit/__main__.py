@@ -1,4 +1,4 @@
-"""python -m torchneuron.fit MODEL [options]: peak HBM per logical core on Trainium."""
+"""python -m torchneuron.fidelity.fit MODEL [options]: peak HBM per logical core on Trainium."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from .report import format_html, format_text
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m torchneuron.fit", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m torchneuron.fidelity.fit", description=__doc__)
     add_step_arguments(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--html", type=Path, help="also write a self-contained HTML report here")

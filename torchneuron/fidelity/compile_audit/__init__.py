@@ -1,7 +1,7 @@
 """Which graphs a run compiles on neuron, why each one, and the bucketing that would cut them.
 
-``with torchneuron.compile_audit.audit() as result: ...`` or
-``python -m torchneuron.compile_audit script.py args``. Each graph Dynamo hands the neuron
+``with torchneuron.fidelity.compile_audit.audit() as result: ...`` or
+``python -m torchneuron.fidelity.compile_audit script.py args``. Each graph Dynamo hands the neuron
 backend is a separate compile on Trainium (minutes each there); the audit lists them with
 their input signatures and reasons, and proposes buckets for the dimensions that varied.
 """

@@ -1,4 +1,4 @@
-"""python -m torchneuron.projection MODEL [options]: projected step time, tokens/s, MFU."""
+"""python -m torchneuron.fidelity.projection MODEL [options]: projected step time, tokens/s, MFU."""
 
 from __future__ import annotations
 
@@ -52,7 +52,9 @@ def format_html(rows: list[Projection]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m torchneuron.projection", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m torchneuron.fidelity.projection", description=__doc__
+    )
     add_step_arguments(p, dtypes=("fp32", "bf16"), optimizer=False)
     p.add_argument("--html", type=Path)
     a = p.parse_args(argv)

@@ -70,7 +70,7 @@ def finish_launched_work() -> None:
     a warning (there is no caller left to raise it in)."""
     try:
         if torch.neuron.is_initialized():
-            from . import _C
+            from .. import _C
 
             _C._wait_for_device_work()
     except Exception as error:  # noqa: BLE001 - reported, exit goes on

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 import torch.fx
 
-from . import _C  # noqa: F401 - defines the torchneuron:: ops
+from .. import _C  # noqa: F401 - defines the torchneuron:: ops
 from .native_gemm import native_kernels_enabled
 
 _NATIVE_DTYPES = (torch.float32, torch.bfloat16)

@@ -89,7 +89,7 @@ def audit(multiple: int = 128) -> Iterator[AuditResult]:
     """Records the neuron graphs compiled inside the block (Dynamo's counters included)."""
     from torch._dynamo.utils import counters
 
-    from ..compile import metrics
+    from ...compile.backend import metrics
 
     with metrics.lock:
         first = len(metrics.graphs)

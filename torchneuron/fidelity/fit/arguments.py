@@ -1,5 +1,5 @@
 """The command-line arguments that describe one step and its layout, shared by
-``python -m torchneuron.fit`` and ``python -m torchneuron.projection``."""
+``python -m torchneuron.fidelity.fit`` and ``python -m torchneuron.fidelity.projection``."""
 
 from __future__ import annotations
 

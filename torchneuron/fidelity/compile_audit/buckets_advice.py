@@ -34,7 +34,8 @@ class BucketAdvice:
         )
         return (
             f"{self.code}: {self.graphs_now} graphs -> {self.graphs_with_buckets} with buckets "
-            f"({dims}); pad with torchneuron.buckets.pad_to_buckets(model, buckets=..., dim=...)"
+            f"({dims}); pad with "
+            "torchneuron.compile.buckets.pad_to_buckets(model, buckets=..., dim=...)"
         )
 
 

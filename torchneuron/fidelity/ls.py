@@ -1,4 +1,4 @@
-"""python -m torchneuron.ls: chips, logical cores and memory, like neuron-ls."""
+"""python -m torchneuron.fidelity.ls: chips, logical cores and memory, like neuron-ls."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def devices() -> list[dict[str, Any]]:
     """One entry per logical core (torch device) of this process's topology."""
     import torch
 
-    from . import _C
+    from .. import _C
 
     torch.neuron.init()
     out = []
@@ -52,7 +52,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m torchneuron.ls", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m torchneuron.fidelity.ls", description=__doc__)
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     try:

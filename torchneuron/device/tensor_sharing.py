@@ -42,7 +42,7 @@ from typing import Any, NoReturn
 import torch
 import torch.multiprocessing.reductions as torch_reductions
 
-from . import _C
+from .. import _C
 
 _DEVICE_TYPE = "neuron"
 _installed = False
@@ -66,7 +66,7 @@ def _device_identity(index: int) -> DeviceIdentity:
 
 def _local_device(identity: DeviceIdentity) -> int:
     """This process's index of the sender's core (the same index when both see the same)."""
-    from .neuron._lazy import _lazy_init
+    from ._lazy import _lazy_init
 
     _lazy_init()  # raises the forked-child or configuration error, if any
     index, chip, chip_index, first_core, lnc = identity

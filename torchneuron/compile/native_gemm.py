@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from . import _C  # also defines the torchneuron:: ops
+from .. import _C  # also defines the torchneuron:: ops
 
 _NATIVE_DTYPES = (torch.float32, torch.bfloat16)
 

@@ -1,6 +1,6 @@
 """``neuron`` as a device of Dynamo and Inductor, for the default ``torch.compile(model)``.
 
-With ``backend="neuron"`` (torchneuron/compile.py) graphs are re-targeted to the host and
+With ``backend="neuron"`` (torchneuron/compile/backend.py) graphs are re-targeted to the host and
 compiled as CPU graphs; this module is for the other entry point, plain Inductor on neuron
 tensors. It registers the device the supported way (a Dynamo ``DeviceInterface``,
 Inductor's ``register_backend_for_device`` with its C++ scheduling, and device op

@@ -1,4 +1,5 @@
-"""python -m torchneuron.compile_audit [--json] script.py [args]: graphs compiled on neuron."""
+"""python -m torchneuron.fidelity.compile_audit [--json] script.py [args]: graphs compiled on
+neuron."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from . import audit
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m torchneuron.compile_audit", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m torchneuron.fidelity.compile_audit", description=__doc__
+    )
     p.add_argument("--json", action="store_true")
     p.add_argument("--multiple", type=int, default=128, help="bucket granularity (default 128)")
     p.add_argument("script")

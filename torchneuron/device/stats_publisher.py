@@ -1,4 +1,5 @@
-"""A small stats file per process, so ``python -m torchneuron.top`` can see other processes.
+"""A small stats file per process, so ``python -m torchneuron.fidelity.top`` can see other
+processes.
 
 Opt-in (``TORCHNEURON_STATS=1`` before the runtime initialises, or ``start()``): a daemon
 thread rewrites ``<dir>/<pid>.json`` every ``interval`` seconds with each device's allocated,
@@ -31,7 +32,7 @@ def snapshot() -> dict[str, Any]:
     """This process's device state now."""
     import torch
 
-    from . import _C
+    from .. import _C
 
     devices = []
     for index in range(int(_C._device_count())):
