@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from . import dtypes, ops, runtime
+from . import dtypes, interpreter, ops
 from .errors import NkiError
 from .isa_generations import _generations, _tensor_like
 from .language import ndarray
@@ -76,9 +76,11 @@ def activation_into(
             raise NkiError(f"nisa.activation: reduce_res must have shape [{data.shape[0]}, 1]")
         outs.append((reduce_res, None, "set"))
     body = _activation_body(name, isinstance(scale, Tile), isinstance(bias, Tile), reduce)
-    scale_arg = runtime.operand(scale)
-    bias_arg = runtime.operand(bias)
-    runtime.execute(body, [data, scale_arg, bias_arg], outs, "scalar", ops.free_size(data.shape))
+    scale_arg = interpreter.operand(scale)
+    bias_arg = interpreter.operand(bias)
+    interpreter.execute(
+        body, [data, scale_arg, bias_arg], outs, "scalar", ops.free_size(data.shape)
+    )
 
 
 def _activation_legacy(
@@ -163,7 +165,7 @@ def tensor_tensor_into(
     name = ops.op_name(op)
     if name not in ops.BINARY:
         raise NkiError(f"nisa.tensor_tensor: {name} is not a binary operator")
-    runtime.execute(
+    interpreter.execute(
         ops.elementwise_fn(name), [a, b], [(dst, mask, "set")], "vector", ops.free_size(a.shape)
     )
 
@@ -189,7 +191,7 @@ tensor_tensor = _generations(tensor_tensor_into, _tensor_tensor_legacy)
 
 
 def _scalar_operand(value: Any, data: Tile, what: str) -> Any:
-    value = runtime.operand(value)
+    value = interpreter.operand(value)
     if isinstance(value, Tile):
         ops.compute(value, what)
         if value.shape not in ((data.shape[0], 1), (data.shape[0],)):
@@ -239,7 +241,9 @@ def tensor_scalar_into(
         reverse1,
     )
 
-    runtime.execute(body, [data, a0, a1], [(dst, mask, "set")], "vector", ops.free_size(data.shape))
+    interpreter.execute(
+        body, [data, a0, a1], [(dst, mask, "set")], "vector", ops.free_size(data.shape)
+    )
 
 
 def _tensor_scalar_legacy(
@@ -292,7 +296,7 @@ def scalar_tensor_tensor_into(
         t = first(s0, x) if reverse0 else first(x, s0)
         return second(y, t) if reverse1 else second(t, y)
 
-    runtime.execute(
+    interpreter.execute(
         body, [data, a0, other], [(dst, mask, "set")], "vector", ops.free_size(data.shape)
     )
 
@@ -350,7 +354,7 @@ def tensor_reduce_into(
         def body(x: Any) -> Any:
             return np.reshape(inner(x), target)
 
-    runtime.execute(body, [data], [(dst, mask, "set")], "vector", ops.free_size(data.shape))
+    interpreter.execute(body, [data], [(dst, mask, "set")], "vector", ops.free_size(data.shape))
 
 
 def _tensor_reduce_legacy(
@@ -379,8 +383,8 @@ def tensor_copy_into(dst: Tile, src: Tile, engine: Any = None, mask: Any = None,
     src = _tensor_like(src, "nisa.tensor_copy")
     if src.shape != dst.shape:
         raise NkiError(f"nisa.tensor_copy: shapes differ: src {src.shape}, dst {dst.shape}")
-    runtime.execute(
-        runtime._identity, [src], [(dst, mask, "set")], "vector", ops.free_size(src.shape)
+    interpreter.execute(
+        interpreter._identity, [src], [(dst, mask, "set")], "vector", ops.free_size(src.shape)
     )
 
 
@@ -399,7 +403,7 @@ tensor_copy = _generations(tensor_copy_into, _tensor_copy_legacy)
 def reciprocal_into(dst: Tile, data: Tile, mask: Any = None, **_: Any) -> None:
     """dst = 1 / data."""
     data = _tensor_like(data, "nisa.reciprocal")
-    runtime.execute(
+    interpreter.execute(
         ops.elementwise_fn("reciprocal"),
         [data],
         [(dst, mask, "set")],

@@ -6,7 +6,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from . import ops, runtime
+from . import interpreter, ops
 from .tiles import Tile
 
 _TILE_PARAMS = ("dst", "data", "data1", "data2", "src", "stationary", "moving")
@@ -32,6 +32,6 @@ def _generations(new: Callable[..., Any], legacy: Callable[..., Any]) -> Callabl
 
 
 def _tensor_like(value: Any, what: str) -> Any:
-    value = runtime.operand(value)
+    value = interpreter.operand(value)
     ops.compute(value, what)
     return value

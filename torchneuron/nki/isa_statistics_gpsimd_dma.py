@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from . import dtypes, ops, runtime
+from . import dtypes, interpreter, ops
 from .errors import NkiError
 from .isa_generations import _generations, _tensor_like
 from .language import dma, ndarray
@@ -57,7 +57,7 @@ def bn_stats_into(dst: Tile, data: Tile, mask: Any = None, **_: Any) -> None:
         )
     if dst.shape != (data.shape[0], 6):
         raise NkiError(f"nisa.bn_stats: dst must have shape [{data.shape[0]}, 6], got {dst.shape}")
-    runtime.execute(
+    interpreter.execute(
         _bn_stats_body, [data], [(dst, mask, "set")], "vector", ops.free_size(data.shape)
     )
 
@@ -81,7 +81,7 @@ def bn_aggr_into(dst: Tile, data: Tile, mask: Any = None, **_: Any) -> None:
         )
     if dst.shape != (data.shape[0], 2):
         raise NkiError(f"nisa.bn_aggr: dst must have shape [{data.shape[0]}, 2], got {dst.shape}")
-    runtime.execute(
+    interpreter.execute(
         _bn_aggr_body, [data], [(dst, mask, "set")], "vector", ops.free_size(data.shape)
     )
 
@@ -100,7 +100,9 @@ bn_aggr = _generations(bn_aggr_into, _bn_aggr_legacy)
 def iota_into(dst: Tile, expr: Any, mask: Any = None, **_: Any) -> None:
     """dst = the values of an index expression (e.g. nl.arange(128)[:, None] * 4)."""
     values = np.asarray(expr)
-    runtime.execute(lambda: values, [], [(dst, mask, "set")], "gpsimd", ops.free_size(dst.shape))
+    interpreter.execute(
+        lambda: values, [], [(dst, mask, "set")], "gpsimd", ops.free_size(dst.shape)
+    )
 
 
 def _iota_legacy(expr: Any, dtype: Any, *, mask: Any = None, **_: Any) -> Tile:
@@ -116,7 +118,7 @@ def memset_into(dst: Tile, value: Any, engine: Any = None, mask: Any = None, **_
     """dst[...] = value."""
     if not dst.buffer.on_chip:
         raise NkiError("nisa.memset writes SBUF/PSUM tiles")
-    runtime.execute(
+    interpreter.execute(
         ops.constant_fn(value), [], [(dst, mask, "set")], "gpsimd", ops.free_size(dst.shape)
     )
 
@@ -139,7 +141,7 @@ def affine_select_into(
     data = _tensor_like(on_true_tile, "nisa.affine_select")
     condition = np.asarray(pred, dtype=bool)
     fill = np.float32(on_false_value)
-    runtime.execute(
+    interpreter.execute(
         lambda x: np.where(condition, ops.f32(x), fill),
         [data],
         [(dst, mask, "set")],
@@ -173,7 +175,7 @@ def tensor_partition_reduce(
     data = _tensor_like(data, "nisa.tensor_partition_reduce")
     reducer = ops.REDUCE[ops.op_name(op)]
     out = ndarray((1,) + data.shape[1:], dtype or data.dtype)
-    runtime.execute(
+    interpreter.execute(
         lambda x: reducer(ops.f32(x), axis=0, keepdims=True),
         [data],
         [(out, mask, "set")],
@@ -202,8 +204,8 @@ def dma_copy(
         name = ops.op_name(dst_rmw_op)
         if name != "add":
             raise NkiError("nisa.dma_copy: dst_rmw_op supports nl.add only")
-        runtime.execute(
-            runtime._identity, [src], [(dst, mask, "acc")], "dma", int(np.prod(dst.shape))
+        interpreter.execute(
+            interpreter._identity, [src], [(dst, mask, "acc")], "dma", int(np.prod(dst.shape))
         )
         return
     dma(dst, src, mask)

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from . import dtypes, ops, runtime
+from . import dtypes, interpreter, ops
 from .errors import NkiError, NkiUnsupportedError
 from .isa_generations import _generations, _tensor_like
 from .language import ndarray
@@ -53,7 +53,7 @@ def nc_transpose_into(
         raise NkiError(f"nisa.nc_transpose takes a 2-D tile of at most 128x128, got {data.shape}")
     if dst.shape != data.shape[::-1]:
         raise NkiError(f"nisa.nc_transpose: dst shape {dst.shape} is not {data.shape[::-1]}")
-    runtime.execute(np.transpose, [data], [(dst, mask, "set")], "tensor", data.shape[0] + 64)
+    interpreter.execute(np.transpose, [data], [(dst, mask, "set")], "tensor", data.shape[0] + 64)
 
 
 def _nc_transpose_legacy(
