@@ -159,8 +159,6 @@ def write_report(
         + f", {len(units)} (module, dtype, mode) units, in {run.elapsed / 60:.1f} min. Do not "
         "edit by hand; rerun the command. The OpInfo sweep is in [op_coverage.md](op_coverage.md).",
         "",
-        f"Backend under test: {run.backend}.",
-        "",
         "## Summary",
         "",
         *summary(results),

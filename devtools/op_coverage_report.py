@@ -82,8 +82,6 @@ def write_report(
         f"ModuleInfo sweep is in [{MODULE_REPORT}]({MODULE_REPORT})."
     )
     out.append("")
-    out.append(f"Backend under test: {backend}.")
-    out.append("")
     out.append("## Summary")
     out.append("")
     out.extend(summary(results))

@@ -54,7 +54,7 @@ def build_id() -> str:
 
 def source_state() -> str:
     """The git commit of the checkout and whether csrc/ has uncommitted changes."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[1]
 
     def git(*args: str) -> str:
         done = subprocess.run(
