@@ -35,7 +35,8 @@ Usage::
 
 The sweep runs the samples in worker processes (``--jobs``) with a per-sample timeout, so
 a crash or a hang of one sample is recorded against it and the sweep goes on. The report
-carries no date or commit, so rerunning it on unchanged code changes nothing. ``KNOWN_CAUSES`` maps the remaining failures to their causes.
+carries no date or commit, so rerunning it on unchanged code changes nothing.
+``KNOWN_CAUSES`` maps the remaining failures to their causes.
 What the sweep covers (the op database, dtypes, units, the fast subset, per-op tables) is in
 op_coverage_db.py, the report in op_coverage_report.py. The pieces shared with the module
 harness (module_coverage.py) live in conformance.py (outcomes, copying samples, comparing),
