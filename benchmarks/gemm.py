@@ -43,7 +43,7 @@ from _harness import (
 )
 
 import torchneuron
-from torchneuron.native_gemm import native_gemm_calls, native_kernels_enabled
+from torchneuron.compile.native_gemm import native_gemm_calls, native_kernels_enabled
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

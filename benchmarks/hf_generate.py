@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
             torch.neuron.empty_cache()
     elapsed = time.perf_counter() - start
     print_table(table(rows), args.markdown)
-    from torchneuron.native_gemm import native_kernels_enabled
+    from torchneuron.compile.native_gemm import native_kernels_enabled
 
     float32_differs = [
         r

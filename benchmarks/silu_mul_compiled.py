@@ -1,7 +1,7 @@
 """silu(gate) * up compiled: Inductor on the CPU vs torch.compile(backend="neuron").
 
 With ``TORCHNEURON_COMPILE_REWRITES=1`` the neuron backend rewrites the pair to
-``torchneuron::silu_mul`` (our kernel, torchneuron/compile_rewrites.py); without it the
+``torchneuron::silu_mul`` (our kernel, torchneuron/compile/rewrites.py); without it the
 neuron graph runs Inductor's own C++ for the pair, like the CPU side. Both sides run in one
 process, 50-call blocks alternating, 3 rounds of 7 blocks, medians (microseconds per call).
 
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import torchneuron
-from torchneuron.compile_rewrites import rewrite_counters
+from torchneuron.compile.rewrites import rewrite_counters
 
 
 def gated(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -24,9 +24,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 
-from torchneuron.finetune_demo import evaluation, task, training
-from torchneuron.finetune_demo import model as models
-from torchneuron.finetune_demo.tokenizer import build_tokenizer
+from demo import evaluation, task, training
+from demo import model as models
+from demo.tokenizer import build_tokenizer
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--base-steps", type=int, default=60, help="base model's training steps")

@@ -25,9 +25,9 @@ import torch
 from transformers import AutoModelForCausalLM
 from transformers.distributed import DistributedConfig
 
-from torchneuron.finetune_demo import evaluation, task, training
-from torchneuron.finetune_demo import model as models
-from torchneuron.finetune_demo.tokenizer import build_tokenizer
+from demo import evaluation, task, training
+from demo import model as models
+from demo.tokenizer import build_tokenizer
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=30, help="training steps")

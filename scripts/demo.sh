@@ -4,4 +4,4 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$ROOT/scripts/bootstrap.sh"
 cd "$ROOT"
-exec "$ROOT/.venv/bin/python" -m torchneuron.demo "$@"
+exec "$ROOT/.venv/bin/python" -m demo "$@"

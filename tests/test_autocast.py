@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torchneuron.tools import conformance
+from devtools import conformance
 
 conformance.ensure_expecttest()  # PyTorch's test helpers import it; not installed here
 from torch.testing._internal.autocast_test_lists import AutocastTestLists  # noqa: E402

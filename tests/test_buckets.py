@@ -1,12 +1,12 @@
-"""torchneuron.buckets: varying sequence lengths compile once per bucket and equal eager."""
+"""torchneuron.compile.buckets: varying sequence lengths compile once per bucket and equal eager."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from torchneuron.buckets import bucket_for, pad_to_buckets
-from torchneuron.compile_audit import audit
+from torchneuron.compile.buckets import bucket_for, pad_to_buckets
+from torchneuron.fidelity.compile_audit import audit
 
 LENGTHS = (5, 9, 13, 16, 20, 31, 7)  # buckets 16 and 32 hold them all
 ATOL, RTOL = 1e-5, 1e-4  # padding changes matmul shapes, hence summation order

@@ -14,7 +14,7 @@ import torch
 import torch._dynamo
 from conftest import tiny_llama
 
-import torchneuron.compile as neuron_compile
+import torchneuron.compile.backend as neuron_compile
 
 TOL = {"atol": 1e-5, "rtol": 1e-4}
 
@@ -213,14 +213,14 @@ COMPILED_OPS = [
 
 @pytest.fixture(scope="module")
 def opinfos():
-    from torchneuron.tools import op_coverage
+    from devtools import op_coverage
 
     return op_coverage.ops_by_key()
 
 
 @pytest.mark.parametrize("key", COMPILED_OPS)
 def test_opinfo_samples_compiled_match_eager(key, opinfos):
-    from torchneuron.tools import op_coverage
+    from devtools import op_coverage
 
     opinfo = opinfos[key]
     samples = op_coverage.generate_samples(opinfo, "float32", op_coverage.FORWARD)[:3]

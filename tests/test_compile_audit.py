@@ -1,4 +1,5 @@
-"""torchneuron.compile_audit: the graphs a run compiles on neuron, why, and the buckets advice."""
+"""torchneuron.fidelity.compile_audit: the graphs a run compiles on neuron, why, and the
+buckets advice."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import pytest
 import torch
 
-from torchneuron.compile_audit import advise_buckets, audit, next_bucket
+from torchneuron.fidelity.compile_audit import advise_buckets, audit, next_bucket
 
 
 @pytest.fixture(autouse=True)
@@ -84,7 +85,7 @@ def test_next_bucket_and_advice_closed_forms() -> None:
 
 
 def test_cli_runs_a_script(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
-    from torchneuron.compile_audit.__main__ import main
+    from torchneuron.fidelity.compile_audit.__main__ import main
 
     script = tmp_path / "gen.py"
     script.write_text(

@@ -18,7 +18,7 @@ import torch._dynamo
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-import torchneuron.compile as neuron_compile
+import torchneuron.compile.backend as neuron_compile
 
 
 @pytest.fixture(autouse=True)

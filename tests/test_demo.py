@@ -1,4 +1,4 @@
-"""The main job's pieces (torchneuron.finetune_demo) at a very small scale.
+"""The main job's pieces (the demo package) at a very small scale.
 
 The task is checked against its closed form (a + b), the tokenizer by round trip, training
 by its loss going down on neuron, and the saved checkpoint by a separate CPU-only process
@@ -12,10 +12,10 @@ import statistics
 import pytest
 import torch
 
-from torchneuron import demo
-from torchneuron.finetune_demo import evaluation, task, training
-from torchneuron.finetune_demo import model as models
-from torchneuron.finetune_demo.tokenizer import build_tokenizer
+from demo import evaluation, task, training
+from demo import model as models
+from demo.arguments import parse_args
+from demo.tokenizer import build_tokenizer
 
 
 def test_problems_follow_the_closed_form_and_held_out_is_disjoint():
@@ -103,7 +103,7 @@ def test_train_on_neuron_then_reload_on_cpu(tmp_path):
 
 def test_demo_rejects_bad_options(capsys):
     with pytest.raises(SystemExit):
-        demo.parse_args(["--steps", "0"])
+        parse_args(["--steps", "0"])
     assert "must be positive" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        demo.parse_args(["--model-size", "huge"])
+        parse_args(["--model-size", "huge"])

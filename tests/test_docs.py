@@ -42,7 +42,7 @@ COMMAND_DOCS = [README, ROOT / "examples" / "README.md", *DOCS]
 # of other tools the code reads (torchrun's RANK / LOCAL_RANK / WORLD_SIZE, XDG_*, CXX,
 # TORCHINDUCTOR_CACHE_DIR) are theirs to document.
 PROJECT_PREFIXES = ("NEURON_", "TORCHNEURON_", "TORCH_NEURONX_")
-CODE_DIRS = ("torchneuron", "compat", "csrc")
+CODE_DIRS = ("torchneuron", "compat", "csrc", "demo", "devtools")
 
 # Read by the package, but plumbing between the project's own processes, not a setting.
 INTERNAL = {
@@ -250,7 +250,7 @@ def test_readme_environment_table_lists_what_the_code_reads() -> None:
 
 # Packages whose commands must accept --help and the flags the docs give them; other modules
 # the docs run (pytest) are another project's: only importable.
-OWN_PACKAGES = ("torchneuron", "benchmarks")
+OWN_PACKAGES = ("torchneuron", "benchmarks", "demo", "devtools")
 _COMMAND = re.compile(r"python3? -m (\S+)([^`\n]*)")
 
 
@@ -274,7 +274,7 @@ def documented_commands() -> dict[str, set[str]]:
         for snippet in _snippets(path.read_text()):
             for match in _COMMAND.finditer(snippet):
                 module = match.group(1).rstrip(")\"'`;,")
-                if "<" in module:  # a placeholder (`python -m torchneuron.tools.<name>`)
+                if "<" in module:  # a placeholder (`python -m devtools.<name>`)
                     continue
                 rest = re.split(r"\)|&&|\|\||;|\|", match.group(2))[0]
                 flags = {m for m in re.findall(r"(?<![\w-])(--[a-z][\w-]*)", rest)}
@@ -285,13 +285,12 @@ def documented_commands() -> dict[str, set[str]]:
 def test_documented_commands_are_found() -> None:
     """The extraction, on the commands the docs are known to show."""
     commands = documented_commands()
-    assert {"torchneuron.fit", "torchneuron.tools.fuzz", "torchneuron.hf_test_device"} <= set(
-        commands
-    )
+    expected = {"torchneuron.fidelity.fit", "devtools.fuzz", "torchneuron.device.hf_test_device"}
+    assert expected <= set(commands)
     assert {"--seq", "--batch", "--grad-checkpointing", "--fsdp", "--html"} <= commands[
-        "torchneuron.fit"
+        "torchneuron.fidelity.fit"
     ]
-    assert "--examples" in commands["torchneuron.tools.fuzz"]
+    assert "--examples" in commands["devtools.fuzz"]
     assert not any("<" in module or module.endswith(".") for module in commands)
 
 

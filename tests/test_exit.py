@@ -1,6 +1,6 @@
 """The interpreter exits cleanly right after a backward pass on neuron.
 
-Without the exit drain (torchneuron/autograd_exit.py) a device autograd thread could release
+Without the exit drain (torchneuron/device/autograd_exit.py) a device autograd thread could release
 the backward's Python state during finalization and abort the process (exit code 134, about
 3 runs in 10 on a 2-core machine); ten runs all exiting 0 is the check.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from conftest import Pending
 
-from torchneuron import autograd_exit
+from torchneuron.device import autograd_exit
 
 BACKWARD_THEN_EXIT = """
 import torch

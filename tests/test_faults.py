@@ -37,7 +37,7 @@ import signal, sys, time, warnings
 # background by a shell without job control (its children inherit SIGINT ignored).
 signal.signal(signal.SIGINT, signal.default_int_handler)
 import torch
-import torchneuron.compile as neuron_compile
+import torchneuron.compile.backend as neuron_compile
 warnings.simplefilter("always")
 
 def f(x):
@@ -169,7 +169,7 @@ def test_disk_full_while_writing_a_cache_entry(small_tmpfs, tmp_path):
     counters = _counters(again.stdout)
     assert counters["misses"] >= 1 and counters["corrupted"] == 0, counters
     (entry,) = _entries(cache, ".neff")
-    from torchneuron.neff_cache import decode_entry
+    from torchneuron.compile.neff_cache import decode_entry
 
     assert b"def call" in decode_entry(entry.read_bytes())  # whole and valid
 

@@ -1,4 +1,5 @@
-"""torchneuron.fit: the fake-tensor prediction of a step's peak against the device's measure.
+"""torchneuron.fidelity.fit: the fake-tensor prediction of a step's peak against the device's
+measure.
 
 The prediction traces the step under FakeTensorMode (nothing allocated); the measurement runs
 the same step on neuron:0 and reads torch.neuron.max_memory_allocated(). They must agree
@@ -12,11 +13,11 @@ import json
 import pytest
 import torch
 
-from torchneuron.fit import Layout, StepSpec, estimate, find_target
-from torchneuron.fit.layout import ModelShape, per_core_breakdown
-from torchneuron.fit.model_source import load_config
-from torchneuron.fit.trace import measure_single_device, predict_single_device
-from torchneuron.fit.tracker import block_bytes
+from torchneuron.fidelity.fit import Layout, StepSpec, estimate, find_target
+from torchneuron.fidelity.fit.layout import ModelShape, per_core_breakdown
+from torchneuron.fidelity.fit.model_source import load_config
+from torchneuron.fidelity.fit.trace import measure_single_device, predict_single_device
+from torchneuron.fidelity.fit.tracker import block_bytes
 
 TOLERANCE = 0.05  # relative, prediction vs measured peak
 
@@ -46,7 +47,7 @@ def test_prediction_matches_measured_peak(name: str) -> None:
 
 
 def _tiny_params(config: object, spec: StepSpec) -> list[torch.nn.Parameter]:
-    from torchneuron.fit.model_source import build_model
+    from torchneuron.fidelity.fit.model_source import build_model
 
     return list(build_model(config, spec.torch_dtype, device="meta").parameters())
 
@@ -107,8 +108,8 @@ def test_estimate_finds_the_smallest_layout_that_fits() -> None:
 
 
 def _fits_with_fewer_cores(report, name: str, cores: int):  # type: ignore[no-untyped-def]
-    from torchneuron.fit import model_shape
-    from torchneuron.fit.layout import candidate_layouts, fit
+    from torchneuron.fidelity.fit import model_shape
+    from torchneuron.fidelity.fit.layout import candidate_layouts, fit
 
     target = next(f.target for f in report.fits if f.target.name == name)
     shape = model_shape(report.trace)
@@ -116,7 +117,7 @@ def _fits_with_fewer_cores(report, name: str, cores: int):  # type: ignore[no-un
 
 
 def test_cli_json_html_and_bad_input(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
-    from torchneuron.fit.__main__ import main
+    from torchneuron.fidelity.fit.__main__ import main
 
     config = tmp_path / "config.json"
     fields = {

@@ -1,12 +1,12 @@
 """Fuzzing of the public entry points (issue 11): a bounded run of every target.
 
-``torchneuron.tools.fuzz`` drives torch.neuron's functions, the RNG state, streams and
+``devtools.fuzz`` drives torch.neuron's functions, the RNG state, streams and
 events, tensor factories and copies (every dtype, odd strides and devices), the compile
 backend, the environment variables of the README and 2-rank collectives with generated
 input; its oracle (fuzz_oracle.py) accepts only success equal to the CPU's (or to the
 documented meaning of the argument) or an expected exception type with a message. The runs
 here are derandomized with a fixed number of cases, so they are the same on every run; the
-long run is ``python -m torchneuron.tools.fuzz --examples N``. The in-process targets run in
+long run is ``python -m devtools.fuzz --examples N``. The in-process targets run in
 one child interpreter, so a crash or a hang is reported with the case that caused it (the
 self-test targets check that the harness does).
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 
-from torchneuron.tools import fuzz
+from devtools import fuzz
 
 IN_PROCESS_CASES = {
     "torch.neuron device functions": 150,

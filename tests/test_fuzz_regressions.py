@@ -1,4 +1,4 @@
-"""Defects the fuzzer (torchneuron.tools.fuzz) found, each pinned by the case that found it.
+"""Defects the fuzzer (devtools.fuzz) found, each pinned by the case that found it.
 
 Before the fixes: a device index was narrowed to 8 bits before it was checked, so
 memory_stats(1000) silently reported neuron:0 (1000 wraps to -24, and a negative index
@@ -100,7 +100,7 @@ def test_wait_event_none_was_silently_ignored():
 @pytest.mark.parametrize("raw", ["nan", "NaN", "-nan"])
 def test_lock_timeout_nan_is_refused(raw, monkeypatch):
     """A NaN timeout made a wait for a live lock endless (monotonic() >= NaN is never true)."""
-    from torchneuron import neff_cache
+    from torchneuron.compile import neff_cache
 
     monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT", raw)
     with pytest.raises(ValueError, match="TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT=.* must be >= 0"):

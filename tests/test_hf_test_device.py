@@ -1,4 +1,4 @@
-"""The device spec for the Hugging Face test suites (torchneuron.hf_test_device).
+"""The device spec for the Hugging Face test suites (torchneuron.device.hf_test_device).
 
 The libraries import the spec in their own process, by file name from the current directory,
 so the checks run Python in a subprocess whose working directory holds the written shim.
@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import SUBPROCESS_TIMEOUT, clean_env, describe, run_python, tiny_llama_config
 
-from torchneuron import hf_test_device
+from torchneuron.device import hf_test_device
 
 SPEC_ENV = {
     "TRANSFORMERS_TEST_DEVICE": "neuron",
@@ -92,7 +92,7 @@ def test_spec_exports_every_attribute_the_libraries_read():
 
 def test_command_writes_shim_and_prints_environment(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "torchneuron.hf_test_device", str(tmp_path)],
+        [sys.executable, "-m", "torchneuron.device.hf_test_device", str(tmp_path)],
         env=clean_env(),
         capture_output=True,
         text=True,

@@ -1,5 +1,5 @@
 """Plain ``torch.compile`` (Inductor) on neuron tensors with launched work
-(torchneuron/inductor_device.py).
+(torchneuron/compile/inductor_device.py).
 
 Inductor's wrapper calls neuron ops (extern products, fallbacks), which launch on the
 stream's worker and return at once, and its own C++ kernels, which read and write device
@@ -104,7 +104,7 @@ def test_the_graph_cache_key_names_this_code() -> None:
     from torch._inductor.codecache import FxGraphHashDetails
     from torch._inductor.custom_graph_pass import get_hash_for_files
 
-    from torchneuron import inductor_aot, inductor_device
+    from torchneuron.compile import inductor_aot, inductor_device
 
     assert inductor_device.register()
     gm = torch.fx.symbolic_trace(lambda x: x + 1)

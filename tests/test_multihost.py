@@ -263,7 +263,7 @@ def test_link_down_is_reported_within_the_group_timeout_naming_the_peers(two_hos
 
 PRIVATE_SHM_RANK = """
 import datetime, torch, torch.distributed as dist
-from torchneuron.distributed import transport
+from torchneuron.distributed.process_group import transport
 dist.init_process_group("neuron", timeout=datetime.timedelta(seconds=20))
 t = torch.full((4,), float(dist.get_rank() + 1), device="neuron")
 dist.all_reduce(t)

@@ -20,7 +20,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from torchneuron import _C, tensor_sharing
+from torchneuron import _C
+from torchneuron.device import tensor_sharing
 
 TIMEOUT = 120  # for any one reply, including a child's start on a loaded machine
 IDLE_TIMEOUT = 600  # a worker whose parent vanished exits after this long

@@ -13,7 +13,11 @@ import torch
 from conftest import run_python
 
 import torchneuron
-from torchneuron.native_gemm import native_gemm_calls, native_gemm_preferred, native_kernels_enabled
+from torchneuron.compile.native_gemm import (
+    native_gemm_calls,
+    native_gemm_preferred,
+    native_kernels_enabled,
+)
 
 DEV = "neuron"
 DTYPES = (torch.float32, torch.bfloat16)
@@ -195,7 +199,7 @@ def test_off_switch_restores_cpu_kernels() -> None:
     result = run_python(
         """
         import torch, torchneuron
-        from torchneuron.native_gemm import native_gemm_calls
+        from torchneuron.compile.native_gemm import native_gemm_calls
         a, b = torch.randn(9, 70), torch.randn(70, 33)
         got = a.to("neuron") @ b.to("neuron")
         assert torch.equal(got.cpu(), a @ b)  # the CPU's own kernel: bitwise equal
@@ -214,7 +218,7 @@ def test_lower_isa_levels_match_cpu(isa: str) -> None:
     result = run_python(
         """
         import torch, torchneuron
-        from torchneuron.native_gemm import native_gemm_calls
+        from torchneuron.compile.native_gemm import native_gemm_calls
         assert torchneuron._C._kernel_isa()["isa"] == ISA
         torch.manual_seed(0)
         for dtype in (torch.float32, torch.bfloat16):

@@ -289,7 +289,7 @@ def test_off_switch_and_every_isa_level() -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_silu_mul_op_forward_and_backward_match_eager(dtype: torch.dtype) -> None:
     # torchneuron::silu_mul against silu(a) * b on the CPU; its backward through autograd.
-    from torchneuron.compile_rewrites import _register_autograd
+    from torchneuron.compile.rewrites import _register_autograd
 
     _register_autograd()
     a = (torch.randn(8, 300, generator=torch.Generator().manual_seed(8)) * 4).to(dtype)
@@ -330,7 +330,7 @@ def _gated_graph() -> torch.fx.GraphModule:
 
 
 def test_rewrite_is_opt_in_and_replaces_silu_times_up(monkeypatch: pytest.MonkeyPatch) -> None:
-    from torchneuron.compile_rewrites import rewrite_silu_mul
+    from torchneuron.compile.rewrites import rewrite_silu_mul
 
     a, b = torch.randn(4, 8), torch.randn(4, 8)
     monkeypatch.delenv("TORCHNEURON_COMPILE_REWRITES", raising=False)
@@ -353,7 +353,7 @@ def test_compiled_gated_mlp_rewrite_is_applied_and_matches_cpu() -> None:
     # the CPU's eager model within float32 tolerance.
     code = """
         import torch, torchneuron
-        from torchneuron.compile_rewrites import rewrite_counters
+        from torchneuron.compile.rewrites import rewrite_counters
         from transformers import LlamaConfig
         from transformers.models.llama.modeling_llama import LlamaMLP
         torch.manual_seed(0)

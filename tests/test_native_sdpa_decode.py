@@ -3,7 +3,7 @@
 F.scaled_dot_product_attention on neuron reaches aten::_scaled_dot_product_flash_attention_for_cpu;
 queries of up to 8 rows in float32/bfloat16 run our kernel, everything else PyTorch's CPU flash
 kernel; compiled graphs (backend "neuron") reach the same kernel through
-torchneuron::native_sdpa_decode (torchneuron/native_attention.py). Every test compares with
+torchneuron::native_sdpa_decode (torchneuron/compile/native_attention.py). Every test compares with
 the CPU on the same inputs.
 
 Tolerances: float32 output rtol 1e-5, atol 1e-6 and logsumexp rtol 1e-5, atol 1e-5 (sums in
@@ -327,7 +327,7 @@ def test_hugging_face_static_cache_generation_matches_cpu() -> None:
     assert runs() - before >= 14 * int(NATIVE)
 
 
-# --- compiled graphs (torchneuron/native_attention.py) ---------------------------------------
+# --- compiled graphs (torchneuron/compile/native_attention.py) -----------------------------
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -1,6 +1,6 @@
 """The persistent compile cache: entry format, corruption, atomic writes, locks, processes.
 
-Unit tests drive torchneuron.neff_cache directly; the process tests compile a small MLP
+Unit tests drive torchneuron.compile.neff_cache directly; the process tests compile a small MLP
 (forward and backward: two graphs) with backend="neuron" in fresh interpreters sharing one
 cache directory, and compare every result with CPU eager (float32, atol 1e-5, rtol 1e-4).
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from torchneuron.neff_cache import NeffCache, NeffCacheWarning, decode_entry, encode_entry
+from torchneuron.compile.neff_cache import NeffCache, NeffCacheWarning, decode_entry, encode_entry
 
 KEY = "ab" * 32
 
@@ -90,7 +90,7 @@ def test_lock_excludes_and_times_out_with_a_warning(tmp_path):
 
 
 def test_lock_timeout_setting_is_validated(monkeypatch):
-    from torchneuron.neff_cache import lock_timeout
+    from torchneuron.compile.neff_cache import lock_timeout
 
     monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT", "soon")
     with pytest.raises(ValueError, match="number of seconds"):
@@ -122,7 +122,7 @@ CHILD = textwrap.dedent(
     torch.testing.assert_close(out.cpu(), expected, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(model[0].weight.grad.cpu(), ref[0].weight.grad,
                                atol=1e-5, rtol=1e-4)
-    cache = torchneuron.compile.neff_cache()
+    cache = torchneuron.compile.backend.neff_cache()
     print(json.dumps({"hits": cache.hits, "misses": cache.misses,
                       "corrupted": cache.corrupted, "seconds": time.perf_counter() - t0}))
     """

@@ -20,8 +20,8 @@ import warnings
 
 import pytest
 
-from torchneuron import cache_lock
-from torchneuron.neff_cache import NeffCache, NeffCacheWarning
+from torchneuron.compile import cache_lock
+from torchneuron.compile.neff_cache import NeffCache, NeffCacheWarning
 
 KEY = "ef" * 32
 LONG_TIMEOUT_S = 30.0  # what a stale lock would cost if it were not taken over
@@ -30,7 +30,7 @@ HOLDER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from torchneuron.neff_cache import NeffCache
+    from torchneuron.compile.neff_cache import NeffCache
     with NeffCache(Path(sys.argv[1])).lock(sys.argv[2]) as held:
         print("held" if held else "not held", flush=True)
         time.sleep(600)

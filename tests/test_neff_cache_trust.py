@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-import torchneuron.compile as neuron_compile
-from torchneuron.neff_cache import NeffCache, NeffCacheSecurityError, cache_dir
+import torchneuron.compile.backend as neuron_compile
+from torchneuron.compile.neff_cache import NeffCache, NeffCacheSecurityError, cache_dir
 
 KEY = "cd" * 32
 OTHER_UID = 65534  # "nobody"

@@ -17,7 +17,7 @@ import pytest
 import torchneuron.nki as nki
 import torchneuron.nki.isa as nisa
 import torchneuron.nki.language as nl
-from torchneuron.cache_trust import NeffCacheSecurityError
+from torchneuron.compile.cache_trust import NeffCacheSecurityError
 from torchneuron.nki import cxx_build, row_programs
 
 RNG = np.random.default_rng(7)

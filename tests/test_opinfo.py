@@ -1,10 +1,10 @@
-"""The fast subset of the OpInfo conformance harness (torchneuron/tools/op_coverage.py).
+"""The fast subset of the OpInfo conformance harness (devtools/op_coverage.py).
 
 One test per op of ``FAST_OPS``: every sample input of the op's OpInfo runs on neuron and
 on the CPU, forward in each listed dtype and backward (input gradients) in float32, and
 must match within ``torch.testing.assert_close``'s default tolerance for the dtype (exact
 for integers and bool). The full sweep over all of op_db is
-``python -m torchneuron.tools.op_coverage --full`` (report: docs/op_coverage.md).
+``python -m devtools.op_coverage --full`` (report: docs/op_coverage.md).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from torchneuron.tools import op_coverage
+from devtools import op_coverage
 
 FAST_OPS = list(op_coverage.FAST_OPS)
 

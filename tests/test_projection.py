@@ -1,4 +1,5 @@
-"""torchneuron.projection: op costs against closed forms, roofline, and a model projection."""
+"""torchneuron.fidelity.projection: op costs against closed forms, roofline, and a model
+projection."""
 
 from __future__ import annotations
 
@@ -6,10 +7,10 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from torchneuron.fit import Layout, StepSpec, find_target
-from torchneuron.projection import project_step
-from torchneuron.projection.op_costs import OpCostMode
-from torchneuron.projection.roofline import collective_seconds, op_time
+from torchneuron.fidelity.fit import Layout, StepSpec, find_target
+from torchneuron.fidelity.projection import project_step
+from torchneuron.fidelity.projection.op_costs import OpCostMode
+from torchneuron.fidelity.projection.roofline import collective_seconds, op_time
 
 
 def test_matmul_flops_bytes_and_roofline_closed_form() -> None:
@@ -55,7 +56,7 @@ def test_projection_of_a_model_step() -> None:
 
 
 def test_cli_text_and_html(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
-    from torchneuron.projection.__main__ import main
+    from torchneuron.fidelity.projection.__main__ import main
 
     html = tmp_path / "projection.html"
     argv = ["tiny-llama", "--seq", "64", "--chip", "trn1", "--fsdp", "2", "--html", str(html)]

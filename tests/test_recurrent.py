@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from torchneuron.native_gemm import native_kernels_enabled
+from torchneuron.compile.native_gemm import native_kernels_enabled
 
 # The CPU reference warns that LSTMs with projections do not use oneDNN (neuron does not).
 pytestmark = pytest.mark.filterwarnings("ignore:LSTM with projections is not supported")

@@ -3,7 +3,7 @@ figures read from module_coverage.md."""
 
 from pathlib import Path
 
-from torchneuron.tools import report_sections as sections
+from devtools import report_sections as sections
 
 REPORT = """# A report
 

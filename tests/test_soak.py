@@ -1,12 +1,12 @@
 """The soak loops, short: after warm-up, device memory, descriptors and shared-memory maps
 stay exactly flat and the resident set within 16 MiB. The long run (10,000 steps per loop)
-is ``python -m torchneuron.tools.soak``; its figures are in docs/reliability.md."""
+is ``python -m devtools.soak``; its figures are in docs/reliability.md."""
 
 from __future__ import annotations
 
 import pytest
 
-from torchneuron.tools import soak
+from devtools import soak
 
 STEPS = {"train-eager": 300, "train-compiled": 200, "generate-compiled": 256}
 

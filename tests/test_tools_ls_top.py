@@ -1,4 +1,5 @@
-"""python -m torchneuron.ls / top, the per-process stats files, and memory_summary's rows."""
+"""python -m torchneuron.fidelity.ls / top, the per-process stats files, and memory_summary's
+rows."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import time
 
 import torch
 
-from torchneuron import ls, stats_publisher, top
+from torchneuron.device import stats_publisher
+from torchneuron.fidelity import ls, top
 
 
 def test_ls_lists_every_logical_core(capsys) -> None:  # type: ignore[no-untyped-def]

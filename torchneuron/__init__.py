@@ -23,21 +23,21 @@ def _register() -> None:
     if _registered:
         return
     from . import _C  # noqa: F401  (loads the C++ backend: hooks, guard, allocator, kernels)
-    from . import neuron as device_module
+    from . import device as device_module
 
     torch.utils.rename_privateuse1_backend("neuron")
     torch._register_device_module("neuron", device_module)
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
-    from . import inductor_device
+    from .compile import inductor_device
 
     inductor_device.install()  # neuron for the default torch.compile, once Inductor loads
-    from . import distributed
+    from .distributed import process_group
 
-    distributed.register()  # init_process_group("neuron")
-    from . import tensor_sharing
+    process_group.register()  # init_process_group("neuron")
+    from .device import tensor_sharing
 
     tensor_sharing.install()  # neuron tensors through torch.multiprocessing, share_memory_()
-    from . import autograd_exit
+    from .device import autograd_exit
 
     autograd_exit.install()  # no abort at exit right after a backward on neuron
     _registered = True

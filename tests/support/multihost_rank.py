@@ -114,7 +114,7 @@ def _link_down_loop(rank: int, size: int, dev: torch.device, report: dict[str, A
 def main() -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
-    from torchneuron.distributed import transport
+    from torchneuron.distributed.process_group import transport
 
     rank = int(os.environ["RANK"])
     report: dict[str, Any] = {"rank": rank, "host": socket.gethostname()}

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from . import isa, language, typing  # noqa: F401
 from .aliases import install_aliases  # noqa: F401
-from .cost import CostEstimate, estimate  # noqa: F401
+from .cost import CostEstimate  # noqa: F401
 from .errors import NkiCapacityError, NkiError, NkiUnsupportedError  # noqa: F401
-from .launch import Kernel, baremetal, jit, simulate, simulate_kernel  # noqa: F401
+from .launch import Kernel, baremetal, estimate, jit, simulate, simulate_kernel  # noqa: F401
 from .profile import current_profile  # noqa: F401
 from .tiles import Tile  # noqa: F401
 

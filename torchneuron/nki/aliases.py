@@ -10,6 +10,8 @@ import importlib.util
 import sys
 import types
 
+from . import isa, language, typing
+
 
 def _importable(name: str) -> bool:
     if name in sys.modules:
@@ -23,10 +25,7 @@ def _importable(name: str) -> bool:
 def install_aliases(legacy: bool = True, new: bool = True) -> list[str]:
     """Maps ``neuronxcc.nki[.language|.isa|.typing]`` (legacy) and ``nki[...]`` (new) to
     this package where those packages are not installed. Returns the names installed."""
-    from . import __name__ as package_name
-    from . import isa, language, typing
-
-    package = sys.modules[package_name]
+    package = sys.modules[__package__]  # torchneuron.nki, imported before it imports this module
     installed: list[str] = []
     roots = []
     if legacy:

@@ -1,7 +1,7 @@
 """The compiled path: a traced kernel turned into straight-line numpy code.
 
 The interpreter's run of a kernel for one input signature records every instruction
-(:class:`.runtime.Step`). Control flow, index expressions and shapes depend only on that
+(:class:`.interpreter.Step`). Control flow, index expressions and shapes depend only on that
 signature (tile values cannot steer a kernel), so the recording *is* the program for every
 call with the same signature. This module emits it as one Python function of the input and
 output arrays:
@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..cache_trust import NeffCacheSecurityError
+from ..compile.cache_trust import NeffCacheSecurityError
 from . import cxx_build, dtypes, fusion, loop_batching, ops, row_programs
-from .runtime import Launch, Ref, Step, _identity
+from .interpreter import Launch, Ref, Step, _identity
 from .tiles import resolve_keys
 
 

@@ -1,7 +1,7 @@
 """What a traced kernel would cost on the target chip: a roofline estimate from its recorded
 usage and the chip profile's figures (not a cycle-accurate simulation).
 
-Per engine, from what the trace recorded (:class:`.runtime.Usage`):
+Per engine, from what the trace recorded (:class:`.interpreter.Usage`):
 
 * Tensor Engine: ``max(cycles / clock, matmul FLOPs / peak)`` — each nc_matmul streams its
   moving free size one column per cycle plus a fixed 64-cycle issue cost; the FLOP bound
@@ -17,10 +17,9 @@ Engines run concurrently on a NeuronCore, so the estimate is the busiest engine'
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
+from .interpreter import Usage
 from .profile import ChipProfile, current_profile
-from .runtime import Usage
 
 _COMPUTE = ("vector", "scalar", "gpsimd")
 
@@ -96,16 +95,3 @@ def from_usage(usage: Usage, profile: ChipProfile | None = None) -> CostEstimate
         psum_peak_banks=usage.psum_peak_banks,
         engine_seconds=seconds,
     )
-
-
-def estimate(kernel: Any, *args: Any, **kwargs: Any) -> CostEstimate:
-    """Runs `kernel` (an ``@nki.jit`` kernel, or a launch ``kernel[grid]``) once with these
-    arguments (traced on first use of the signature, compiled after) and returns its cost
-    estimate on the target chip (NEURON_PLATFORM_TARGET_OVERRIDE)."""
-    from .launch import Kernel
-
-    if not isinstance(kernel, Kernel):
-        raise TypeError(f"nki.estimate takes an @nki.jit kernel, got {type(kernel).__name__}")
-    kernel(*args, **kwargs)
-    assert kernel.last_usage is not None
-    return from_usage(kernel.last_usage)

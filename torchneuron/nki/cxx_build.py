@@ -18,8 +18,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-from ..cache_trust import check_entry, private_directory
-from ..neff_cache import cache_dir
+from ..compile.cache_trust import check_entry, private_directory
+from ..compile.neff_cache import cache_dir
 
 SUBDIR = "nki-cxx"
 # IEEE semantics kept (NaN and infinities flow as numpy's do), except that sums may be

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from . import dtypes, ops
-from .runtime import Launch, Ref, Step, _identity
+from .interpreter import Launch, Ref, Step, _identity
 from .tiles import resolve_keys
 
 

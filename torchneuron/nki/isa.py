@@ -2,90 +2,33 @@
 
 Legacy ``neuronxcc.nki.isa`` instructions return a new tile (``nisa.nc_matmul(stationary,
 moving)`` returns a PSUM tile); the newer ``nki.isa`` takes the destination first
-(``nisa.nc_matmul(dst, stationary, moving, accumulate=...)``). Each function here accepts
-both: a call that binds to the destination-first signature with tiles in its tile
-parameters is the new form, anything else the legacy form.
+(``nisa.nc_matmul(dst, stationary, moving, accumulate=...)``). Each instruction here accepts
+both (instruction.py says how). The instructions are defined in one module per engine group
+and registered there; this module is their namespace, built from the registry, where each
+one with two forms also has its destination-first form as ``<name>_into``.
 """
 
 from __future__ import annotations
 
 import enum
 
-# The instructions live in one module per engine group; this module is the namespace.
-from .isa_elementwise import (
-    activation,
-    activation_into,
-    activation_reduce,
-    activation_reduce_into,
-    reciprocal,
-    reciprocal_into,
-    scalar_tensor_tensor,
-    scalar_tensor_tensor_into,
-    tensor_copy,
-    tensor_copy_into,
-    tensor_reduce,
-    tensor_reduce_into,
-    tensor_scalar,
-    tensor_scalar_into,
-    tensor_tensor,
-    tensor_tensor_into,
-)
-from .isa_statistics_gpsimd_dma import (
-    affine_select,
-    affine_select_into,
-    bn_aggr,
-    bn_aggr_into,
-    bn_stats,
-    bn_stats_into,
-    dma_copy,
-    iota,
-    iota_into,
-    memset,
-    memset_into,
-    tensor_partition_reduce,
-)
-from .isa_tensor_engine import nc_matmul, nc_matmul_into, nc_transpose, nc_transpose_into
+# Imported for what they register: the instructions of each engine group.
+from . import isa_elementwise, isa_statistics_gpsimd_dma, isa_tensor_engine  # noqa: F401
+from .instruction import INSTRUCTIONS
 
-__all__ = [
-    "activation",
-    "activation_into",
-    "activation_reduce",
-    "activation_reduce_into",
-    "affine_select",
-    "affine_select_into",
-    "bn_aggr",
-    "bn_aggr_into",
-    "bn_stats",
-    "bn_stats_into",
-    "dge_mode",
-    "dma_copy",
-    "engine",
-    "get_nc_version",
-    "iota",
-    "iota_into",
-    "memset",
-    "memset_into",
-    "nc_matmul",
-    "nc_matmul_into",
-    "nc_transpose",
-    "nc_transpose_into",
-    "nc_version",
-    "oob_mode",
-    "reciprocal",
-    "reciprocal_into",
-    "reduce_cmd",
-    "scalar_tensor_tensor",
-    "scalar_tensor_tensor_into",
-    "tensor_copy",
-    "tensor_copy_into",
-    "tensor_partition_reduce",
-    "tensor_reduce",
-    "tensor_reduce_into",
-    "tensor_scalar",
-    "tensor_scalar_into",
-    "tensor_tensor",
-    "tensor_tensor_into",
-]
+_ENUMS_AND_QUERIES = [
+    "dge_mode", "engine", "get_nc_version", "nc_version", "oob_mode", "reduce_cmd"
+]  # fmt: skip
+_INSTRUCTION_NAMES: list[str] = []
+for _instruction in INSTRUCTIONS.values():
+    globals()[_instruction.name] = _instruction
+    _INSTRUCTION_NAMES.append(_instruction.name)
+    if _instruction.returns_tile is not None:
+        globals()[f"{_instruction.name}_into"] = _instruction.into
+        _INSTRUCTION_NAMES.append(f"{_instruction.name}_into")
+del _instruction
+
+__all__ = sorted(_ENUMS_AND_QUERIES + _INSTRUCTION_NAMES)
 
 
 class engine(enum.Enum):  # noqa: N801  (NKI's names)

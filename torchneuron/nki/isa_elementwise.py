@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from . import dtypes, ops, runtime
+from . import dtypes, interpreter, ops
 from .errors import NkiError
-from .isa_generations import _generations, _tensor_like
+from .instruction import instruction, on_chip_operand
 from .language import ndarray
 from .tiles import Tile
 
@@ -37,7 +37,8 @@ def _activation_body(
     return body
 
 
-def activation_into(
+@instruction("scalar")
+def activation(
     dst: Tile,
     op: Any,
     data: Tile,
@@ -51,7 +52,7 @@ def activation_into(
 ) -> None:
     """dst = op(data * scale + bias), bias/scale per partition ([P, 1] tiles) or scalars;
     with reduce_res, also reduce_res[:, 0] = reduce_op over the free axes of the result."""
-    data = _tensor_like(data, "nisa.activation")
+    data = on_chip_operand(data, "nisa.activation")
     name = ops.op_name(op)
     if name not in ops.UNARY:
         raise NkiError(f"nisa.activation: {name} is not an activation function")
@@ -76,11 +77,14 @@ def activation_into(
             raise NkiError(f"nisa.activation: reduce_res must have shape [{data.shape[0]}, 1]")
         outs.append((reduce_res, None, "set"))
     body = _activation_body(name, isinstance(scale, Tile), isinstance(bias, Tile), reduce)
-    scale_arg = runtime.operand(scale)
-    bias_arg = runtime.operand(bias)
-    runtime.execute(body, [data, scale_arg, bias_arg], outs, "scalar", ops.free_size(data.shape))
+    scale_arg = interpreter.operand(scale)
+    bias_arg = interpreter.operand(bias)
+    interpreter.execute(
+        body, [data, scale_arg, bias_arg], outs, "scalar", ops.free_size(data.shape)
+    )
 
 
+@activation.legacy
 def _activation_legacy(
     op: Any,
     data: Tile,
@@ -94,20 +98,18 @@ def _activation_legacy(
     dtype: Any = None,
     **_: Any,
 ) -> Tile:
-    data = _tensor_like(data, "nisa.activation")
+    data = on_chip_operand(data, "nisa.activation")
     out = ndarray(
         data.shape, dtype or (data.dtype if dtypes.is_float(data.dtype) else dtypes.float32)
     )
-    activation_into(
+    activation.into(
         out, op, data, bias=bias, scale=scale, reduce_op=reduce_op, reduce_res=reduce_res, mask=mask
     )
     return out
 
 
-activation = _generations(activation_into, _activation_legacy)
-
-
-def activation_reduce_into(
+@instruction("scalar")
+def activation_reduce(
     dst: Tile,
     op: Any,
     data: Tile,
@@ -119,11 +121,12 @@ def activation_reduce_into(
     **_: Any,
 ) -> None:
     """activation with a reduction of the result along the free axes into reduce_res."""
-    activation_into(
+    activation.into(
         dst, op, data, bias=bias, scale=scale, reduce_op=reduce_op, reduce_res=reduce_res, mask=mask
     )
 
 
+@activation_reduce.legacy
 def _activation_reduce_legacy(
     op: Any,
     data: Tile,
@@ -148,26 +151,25 @@ def _activation_reduce_legacy(
     )
 
 
-activation_reduce = _generations(activation_reduce_into, _activation_reduce_legacy)
-
-
 # -- Vector Engine -----------------------------------------------------------------------
-def tensor_tensor_into(
+@instruction("vector")
+def tensor_tensor(
     dst: Tile, data1: Tile, data2: Tile, op: Any, engine: Any = None, mask: Any = None, **_: Any
 ) -> None:
     """dst = op(data1, data2), elementwise (same shapes)."""
-    a = _tensor_like(data1, "nisa.tensor_tensor")
-    b = _tensor_like(data2, "nisa.tensor_tensor")
+    a = on_chip_operand(data1, "nisa.tensor_tensor")
+    b = on_chip_operand(data2, "nisa.tensor_tensor")
     if a.shape != b.shape:
         raise NkiError(f"nisa.tensor_tensor: operand shapes differ: {a.shape} and {b.shape}")
     name = ops.op_name(op)
     if name not in ops.BINARY:
         raise NkiError(f"nisa.tensor_tensor: {name} is not a binary operator")
-    runtime.execute(
+    interpreter.execute(
         ops.elementwise_fn(name), [a, b], [(dst, mask, "set")], "vector", ops.free_size(a.shape)
     )
 
 
+@tensor_tensor.legacy
 def _tensor_tensor_legacy(
     data1: Tile,
     data2: Tile,
@@ -178,18 +180,15 @@ def _tensor_tensor_legacy(
     engine: Any = None,
     **_: Any,
 ) -> Tile:
-    a = _tensor_like(data1, "nisa.tensor_tensor")
-    b = _tensor_like(data2, "nisa.tensor_tensor")
+    a = on_chip_operand(data1, "nisa.tensor_tensor")
+    b = on_chip_operand(data2, "nisa.tensor_tensor")
     out = ndarray(a.shape, ops.result_dtype(dtype, [a, b], ops.op_name(op)))
-    tensor_tensor_into(out, a, b, op, mask=mask)
+    tensor_tensor.into(out, a, b, op, mask=mask)
     return out
 
 
-tensor_tensor = _generations(tensor_tensor_into, _tensor_tensor_legacy)
-
-
 def _scalar_operand(value: Any, data: Tile, what: str) -> Any:
-    value = runtime.operand(value)
+    value = interpreter.operand(value)
     if isinstance(value, Tile):
         ops.compute(value, what)
         if value.shape not in ((data.shape[0], 1), (data.shape[0],)):
@@ -201,7 +200,8 @@ def _scalar_operand(value: Any, data: Tile, what: str) -> Any:
     return np.float32(value) if isinstance(value, float) else value
 
 
-def tensor_scalar_into(
+@instruction("vector")
+def tensor_scalar(
     dst: Tile,
     data: Tile,
     op0: Any,
@@ -215,7 +215,7 @@ def tensor_scalar_into(
     **_: Any,
 ) -> None:
     """dst = (data op0 operand0) op1 operand1; operands are scalars or [P, 1] vectors."""
-    data = _tensor_like(data, "nisa.tensor_scalar")
+    data = on_chip_operand(data, "nisa.tensor_scalar")
     first = ops.BINARY[ops.op_name(op0)]
     second = ops.BINARY[ops.op_name(op1)] if op1 is not None else None
     a0 = _scalar_operand(operand0, data, "nisa.tensor_scalar")
@@ -239,9 +239,12 @@ def tensor_scalar_into(
         reverse1,
     )
 
-    runtime.execute(body, [data, a0, a1], [(dst, mask, "set")], "vector", ops.free_size(data.shape))
+    interpreter.execute(
+        body, [data, a0, a1], [(dst, mask, "set")], "vector", ops.free_size(data.shape)
+    )
 
 
+@tensor_scalar.legacy
 def _tensor_scalar_legacy(
     data: Tile,
     op0: Any,
@@ -256,18 +259,16 @@ def _tensor_scalar_legacy(
     engine: Any = None,
     **_: Any,
 ) -> Tile:
-    data = _tensor_like(data, "nisa.tensor_scalar")
+    data = on_chip_operand(data, "nisa.tensor_scalar")
     out = ndarray(
         data.shape, dtype or (data.dtype if dtypes.is_float(data.dtype) else dtypes.float32)
     )
-    tensor_scalar_into(out, data, op0, operand0, reverse0, op1, operand1, reverse1, mask=mask)
+    tensor_scalar.into(out, data, op0, operand0, reverse0, op1, operand1, reverse1, mask=mask)
     return out
 
 
-tensor_scalar = _generations(tensor_scalar_into, _tensor_scalar_legacy)
-
-
-def scalar_tensor_tensor_into(
+@instruction("vector")
+def scalar_tensor_tensor(
     dst: Tile,
     data: Tile,
     op0: Any,
@@ -280,8 +281,8 @@ def scalar_tensor_tensor_into(
     **_: Any,
 ) -> None:
     """dst = (data op0 operand0) op1 operand1, operand0 a scalar/[P,1], operand1 a tile."""
-    data = _tensor_like(data, "nisa.scalar_tensor_tensor")
-    other = _tensor_like(operand1, "nisa.scalar_tensor_tensor")
+    data = on_chip_operand(data, "nisa.scalar_tensor_tensor")
+    other = on_chip_operand(operand1, "nisa.scalar_tensor_tensor")
     first = ops.BINARY[ops.op_name(op0)]
     second = ops.BINARY[ops.op_name(op1)]
     a0 = _scalar_operand(operand0, data, "nisa.scalar_tensor_tensor")
@@ -292,11 +293,12 @@ def scalar_tensor_tensor_into(
         t = first(s0, x) if reverse0 else first(x, s0)
         return second(y, t) if reverse1 else second(t, y)
 
-    runtime.execute(
+    interpreter.execute(
         body, [data, a0, other], [(dst, mask, "set")], "vector", ops.free_size(data.shape)
     )
 
 
+@scalar_tensor_tensor.legacy
 def _scalar_tensor_tensor_legacy(
     *,
     data: Tile,
@@ -310,18 +312,16 @@ def _scalar_tensor_tensor_legacy(
     mask: Any = None,
     **_: Any,
 ) -> Tile:
-    data = _tensor_like(data, "nisa.scalar_tensor_tensor")
+    data = on_chip_operand(data, "nisa.scalar_tensor_tensor")
     out = ndarray(data.shape, dtype or data.dtype)
-    scalar_tensor_tensor_into(
+    scalar_tensor_tensor.into(
         out, data, op0, operand0, op1, operand1, reverse0, reverse1, mask=mask
     )
     return out
 
 
-scalar_tensor_tensor = _generations(scalar_tensor_tensor_into, _scalar_tensor_tensor_legacy)
-
-
-def tensor_reduce_into(
+@instruction("vector")
+def tensor_reduce(
     dst: Tile,
     op: Any,
     data: Tile,
@@ -332,7 +332,7 @@ def tensor_reduce_into(
     **_: Any,
 ) -> None:
     """dst = op-reduction of data over free `axis` (optionally negated)."""
-    data = _tensor_like(data, "nisa.tensor_reduce")
+    data = on_chip_operand(data, "nisa.tensor_reduce")
     name = ops.op_name(op)
     if name not in ops.REDUCE:
         raise NkiError(f"nisa.tensor_reduce: {name} is not a reduction operator")
@@ -350,9 +350,10 @@ def tensor_reduce_into(
         def body(x: Any) -> Any:
             return np.reshape(inner(x), target)
 
-    runtime.execute(body, [data], [(dst, mask, "set")], "vector", ops.free_size(data.shape))
+    interpreter.execute(body, [data], [(dst, mask, "set")], "vector", ops.free_size(data.shape))
 
 
+@tensor_reduce.legacy
 def _tensor_reduce_legacy(
     op: Any,
     data: Tile,
@@ -364,42 +365,39 @@ def _tensor_reduce_legacy(
     keepdims: bool = False,
     **_: Any,
 ) -> Tile:
-    data = _tensor_like(data, "nisa.tensor_reduce")
+    data = on_chip_operand(data, "nisa.tensor_reduce")
     axes = ops.reduce_axes(axis, len(data.shape), "nisa.tensor_reduce")
     out = ndarray(ops.reduced_shape(data.shape, axes, keepdims), dtype or data.dtype)
-    tensor_reduce_into(out, op, data, axis, negate, keepdims, mask=mask)
+    tensor_reduce.into(out, op, data, axis, negate, keepdims, mask=mask)
     return out
 
 
-tensor_reduce = _generations(tensor_reduce_into, _tensor_reduce_legacy)
-
-
-def tensor_copy_into(dst: Tile, src: Tile, engine: Any = None, mask: Any = None, **_: Any) -> None:
+@instruction("vector")
+def tensor_copy(dst: Tile, src: Tile, engine: Any = None, mask: Any = None, **_: Any) -> None:
     """dst = src, converted to dst's dtype (PSUM→SBUF evacuation, dtype casts)."""
-    src = _tensor_like(src, "nisa.tensor_copy")
+    src = on_chip_operand(src, "nisa.tensor_copy")
     if src.shape != dst.shape:
         raise NkiError(f"nisa.tensor_copy: shapes differ: src {src.shape}, dst {dst.shape}")
-    runtime.execute(
-        runtime._identity, [src], [(dst, mask, "set")], "vector", ops.free_size(src.shape)
+    interpreter.execute(
+        interpreter._identity, [src], [(dst, mask, "set")], "vector", ops.free_size(src.shape)
     )
 
 
+@tensor_copy.legacy
 def _tensor_copy_legacy(
     src: Tile, *, mask: Any = None, dtype: Any = None, engine: Any = None, **_: Any
 ) -> Tile:
-    src = _tensor_like(src, "nisa.tensor_copy")
+    src = on_chip_operand(src, "nisa.tensor_copy")
     out = ndarray(src.shape, dtype or src.dtype)
-    tensor_copy_into(out, src, mask=mask)
+    tensor_copy.into(out, src, mask=mask)
     return out
 
 
-tensor_copy = _generations(tensor_copy_into, _tensor_copy_legacy)
-
-
-def reciprocal_into(dst: Tile, data: Tile, mask: Any = None, **_: Any) -> None:
+@instruction("vector")
+def reciprocal(dst: Tile, data: Tile, mask: Any = None, **_: Any) -> None:
     """dst = 1 / data."""
-    data = _tensor_like(data, "nisa.reciprocal")
-    runtime.execute(
+    data = on_chip_operand(data, "nisa.reciprocal")
+    interpreter.execute(
         ops.elementwise_fn("reciprocal"),
         [data],
         [(dst, mask, "set")],
@@ -408,11 +406,9 @@ def reciprocal_into(dst: Tile, data: Tile, mask: Any = None, **_: Any) -> None:
     )
 
 
+@reciprocal.legacy
 def _reciprocal_legacy(data: Tile, *, dtype: Any = None, mask: Any = None, **_: Any) -> Tile:
-    data = _tensor_like(data, "nisa.reciprocal")
+    data = on_chip_operand(data, "nisa.reciprocal")
     out = ndarray(data.shape, dtype or dtypes.float32)
-    reciprocal_into(out, data, mask=mask)
+    reciprocal.into(out, data, mask=mask)
     return out
-
-
-reciprocal = _generations(reciprocal_into, _reciprocal_legacy)

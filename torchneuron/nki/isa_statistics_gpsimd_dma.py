@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from . import dtypes, ops, runtime
+from . import dtypes, interpreter, ops
 from .errors import NkiError
-from .isa_generations import _generations, _tensor_like
+from .instruction import instruction, on_chip_operand
 from .language import dma, ndarray
 from .profile import BN_STATS_FMAX
 from .tiles import Tile
@@ -47,9 +47,10 @@ _bn_stats_body.lowering = ("bn_stats",)  # type: ignore[attr-defined]
 _bn_aggr_body.lowering = ("bn_aggr",)  # type: ignore[attr-defined]
 
 
-def bn_stats_into(dst: Tile, data: Tile, mask: Any = None, **_: Any) -> None:
+@instruction("vector")
+def bn_stats(dst: Tile, data: Tile, mask: Any = None, **_: Any) -> None:
     """Mean/variance statistics of each partition's (at most 512) elements, 6 per partition."""
-    data = _tensor_like(data, "nisa.bn_stats")
+    data = on_chip_operand(data, "nisa.bn_stats")
     if ops.free_size(data.shape) > BN_STATS_FMAX:
         raise NkiError(
             f"nisa.bn_stats: free size {ops.free_size(data.shape)} exceeds {BN_STATS_FMAX} "
@@ -57,89 +58,87 @@ def bn_stats_into(dst: Tile, data: Tile, mask: Any = None, **_: Any) -> None:
         )
     if dst.shape != (data.shape[0], 6):
         raise NkiError(f"nisa.bn_stats: dst must have shape [{data.shape[0]}, 6], got {dst.shape}")
-    runtime.execute(
+    interpreter.execute(
         _bn_stats_body, [data], [(dst, mask, "set")], "vector", ops.free_size(data.shape)
     )
 
 
+@bn_stats.legacy
 def _bn_stats_legacy(data: Tile, *, mask: Any = None, dtype: Any = None, **_: Any) -> Tile:
-    data = _tensor_like(data, "nisa.bn_stats")
+    data = on_chip_operand(data, "nisa.bn_stats")
     out = ndarray((data.shape[0], 6), dtype or dtypes.float32)
-    bn_stats_into(out, data, mask=mask)
+    bn_stats.into(out, data, mask=mask)
     return out
 
 
-bn_stats = _generations(bn_stats_into, _bn_stats_legacy)
-
-
-def bn_aggr_into(dst: Tile, data: Tile, mask: Any = None, **_: Any) -> None:
+@instruction("vector")
+def bn_aggr(dst: Tile, data: Tile, mask: Any = None, **_: Any) -> None:
     """[mean, variance] per partition from concatenated bn_stats outputs."""
-    data = _tensor_like(data, "nisa.bn_aggr")
+    data = on_chip_operand(data, "nisa.bn_aggr")
     if ops.free_size(data.shape) % 6:
         raise NkiError(
             f"nisa.bn_aggr: input free size must be a multiple of 6 (bn_stats), got {data.shape}"
         )
     if dst.shape != (data.shape[0], 2):
         raise NkiError(f"nisa.bn_aggr: dst must have shape [{data.shape[0]}, 2], got {dst.shape}")
-    runtime.execute(
+    interpreter.execute(
         _bn_aggr_body, [data], [(dst, mask, "set")], "vector", ops.free_size(data.shape)
     )
 
 
+@bn_aggr.legacy
 def _bn_aggr_legacy(data: Tile, *, mask: Any = None, dtype: Any = None, **_: Any) -> Tile:
-    data = _tensor_like(data, "nisa.bn_aggr")
+    data = on_chip_operand(data, "nisa.bn_aggr")
     out = ndarray((data.shape[0], 2), dtype or dtypes.float32)
-    bn_aggr_into(out, data, mask=mask)
+    bn_aggr.into(out, data, mask=mask)
     return out
-
-
-bn_aggr = _generations(bn_aggr_into, _bn_aggr_legacy)
 
 
 # -- GpSimd ------------------------------------------------------------------------------
-def iota_into(dst: Tile, expr: Any, mask: Any = None, **_: Any) -> None:
+@instruction("gpsimd")
+def iota(dst: Tile, expr: Any, mask: Any = None, **_: Any) -> None:
     """dst = the values of an index expression (e.g. nl.arange(128)[:, None] * 4)."""
     values = np.asarray(expr)
-    runtime.execute(lambda: values, [], [(dst, mask, "set")], "gpsimd", ops.free_size(dst.shape))
+    interpreter.execute(
+        lambda: values, [], [(dst, mask, "set")], "gpsimd", ops.free_size(dst.shape)
+    )
 
 
+@iota.legacy
 def _iota_legacy(expr: Any, dtype: Any, *, mask: Any = None, **_: Any) -> Tile:
     out = ndarray(np.shape(expr), dtype)
-    iota_into(out, expr, mask=mask)
+    iota.into(out, expr, mask=mask)
     return out
 
 
-iota = _generations(iota_into, _iota_legacy)
-
-
-def memset_into(dst: Tile, value: Any, engine: Any = None, mask: Any = None, **_: Any) -> None:
+@instruction("gpsimd")
+def memset(dst: Tile, value: Any, engine: Any = None, mask: Any = None, **_: Any) -> None:
     """dst[...] = value."""
     if not dst.buffer.on_chip:
         raise NkiError("nisa.memset writes SBUF/PSUM tiles")
-    runtime.execute(
+    interpreter.execute(
         ops.constant_fn(value), [], [(dst, mask, "set")], "gpsimd", ops.free_size(dst.shape)
     )
 
 
+@memset.legacy
 def _memset_legacy(
     shape: Any, value: Any, dtype: Any, *, mask: Any = None, engine: Any = None, **_: Any
 ) -> Tile:
     out = ndarray(shape, dtype)
-    memset_into(out, value, mask=mask)
+    memset.into(out, value, mask=mask)
     return out
 
 
-memset = _generations(memset_into, _memset_legacy)
-
-
-def affine_select_into(
+@instruction("gpsimd")
+def affine_select(
     dst: Tile, pred: Any, on_true_tile: Tile, on_false_value: Any, mask: Any = None, **_: Any
 ) -> None:
     """dst = on_true_tile where the affine predicate holds, else on_false_value."""
-    data = _tensor_like(on_true_tile, "nisa.affine_select")
+    data = on_chip_operand(on_true_tile, "nisa.affine_select")
     condition = np.asarray(pred, dtype=bool)
     fill = np.float32(on_false_value)
-    runtime.execute(
+    interpreter.execute(
         lambda x: np.where(condition, ops.f32(x), fill),
         [data],
         [(dst, mask, "set")],
@@ -148,6 +147,7 @@ def affine_select_into(
     )
 
 
+@affine_select.legacy
 def _affine_select_legacy(
     pred: Any,
     on_true_tile: Tile,
@@ -157,23 +157,21 @@ def _affine_select_legacy(
     dtype: Any = None,
     **_: Any,
 ) -> Tile:
-    data = _tensor_like(on_true_tile, "nisa.affine_select")
+    data = on_chip_operand(on_true_tile, "nisa.affine_select")
     out = ndarray(data.shape, dtype or data.dtype)
-    affine_select_into(out, pred, data, on_false_value, mask=mask)
+    affine_select.into(out, pred, data, on_false_value, mask=mask)
     return out
 
 
-affine_select = _generations(affine_select_into, _affine_select_legacy)
-
-
+@instruction("gpsimd")
 def tensor_partition_reduce(
     op: Any, data: Tile, *, mask: Any = None, dtype: Any = None, **_: Any
 ) -> Tile:
     """Reduction across partitions (GpSimd): [P, F] → [1, F]."""
-    data = _tensor_like(data, "nisa.tensor_partition_reduce")
+    data = on_chip_operand(data, "nisa.tensor_partition_reduce")
     reducer = ops.REDUCE[ops.op_name(op)]
     out = ndarray((1,) + data.shape[1:], dtype or data.dtype)
-    runtime.execute(
+    interpreter.execute(
         lambda x: reducer(ops.f32(x), axis=0, keepdims=True),
         [data],
         [(out, mask, "set")],
@@ -184,6 +182,7 @@ def tensor_partition_reduce(
 
 
 # -- DMA ---------------------------------------------------------------------------------
+@instruction("dma")
 def dma_copy(
     dst: Tile,
     src: Tile,
@@ -202,8 +201,8 @@ def dma_copy(
         name = ops.op_name(dst_rmw_op)
         if name != "add":
             raise NkiError("nisa.dma_copy: dst_rmw_op supports nl.add only")
-        runtime.execute(
-            runtime._identity, [src], [(dst, mask, "acc")], "dma", int(np.prod(dst.shape))
+        interpreter.execute(
+            interpreter._identity, [src], [(dst, mask, "acc")], "dma", int(np.prod(dst.shape))
         )
         return
     dma(dst, src, mask)

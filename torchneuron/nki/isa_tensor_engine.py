@@ -6,15 +6,16 @@ from typing import Any
 
 import numpy as np
 
-from . import dtypes, ops, runtime
+from . import dtypes, interpreter, ops
 from .errors import NkiError, NkiUnsupportedError
-from .isa_generations import _generations, _tensor_like
+from .instruction import instruction, on_chip_operand
 from .language import ndarray
 from .profile import PARTITIONS
 from .tiles import Tile, psum, sbuf
 
 
-def nc_matmul_into(
+@instruction("tensor")
+def nc_matmul(
     dst: Tile,
     stationary: Tile,
     moving: Tile,
@@ -33,6 +34,7 @@ def nc_matmul_into(
     ops.matmul_into(dst, stationary, moving, accumulate is not False, mask, "nisa.nc_matmul")
 
 
+@nc_matmul.legacy
 def _nc_matmul_legacy(
     stationary: Tile, moving: Tile, *, is_transpose: bool = False, mask: Any = None, **_: Any
 ) -> Tile:
@@ -41,31 +43,27 @@ def _nc_matmul_legacy(
     return ops.matmul_result(stationary, moving, mask, "nisa.nc_matmul")
 
 
-nc_matmul = _generations(nc_matmul_into, _nc_matmul_legacy)
-
-
-def nc_transpose_into(
+@instruction("tensor")
+def nc_transpose(
     dst: Tile, data: Tile, engine: Any = None, mask: Any = None, **_: Any
 ) -> None:
     """dst = data.T (partition and free dimension swapped); Tensor Engine writes PSUM."""
-    data = _tensor_like(data, "nisa.nc_transpose")
+    data = on_chip_operand(data, "nisa.nc_transpose")
     if len(data.shape) != 2 or data.shape[0] > PARTITIONS or data.shape[1] > PARTITIONS:
         raise NkiError(f"nisa.nc_transpose takes a 2-D tile of at most 128x128, got {data.shape}")
     if dst.shape != data.shape[::-1]:
         raise NkiError(f"nisa.nc_transpose: dst shape {dst.shape} is not {data.shape[::-1]}")
-    runtime.execute(np.transpose, [data], [(dst, mask, "set")], "tensor", data.shape[0] + 64)
+    interpreter.execute(np.transpose, [data], [(dst, mask, "set")], "tensor", data.shape[0] + 64)
 
 
+@nc_transpose.legacy
 def _nc_transpose_legacy(
     data: Tile, *, mask: Any = None, dtype: Any = None, engine: Any = None, **_: Any
 ) -> Tile:
-    data = _tensor_like(data, "nisa.nc_transpose")
+    data = on_chip_operand(data, "nisa.nc_transpose")
     buffer = sbuf if engine is not None and getattr(engine, "name", "") == "vector" else psum
     out = ndarray(
         data.shape[::-1], dtype or (dtypes.float32 if buffer is psum else data.dtype), buffer=buffer
     )
-    nc_transpose_into(out, data, mask=mask)
+    nc_transpose.into(out, data, mask=mask)
     return out
-
-
-nc_transpose = _generations(nc_transpose_into, _nc_transpose_legacy)

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from . import ops, runtime
+from . import interpreter, ops
 from .dtypes import (  # noqa: F401  (re-exported NKI names)
     bfloat16,
     bool_,
@@ -55,12 +55,12 @@ def ndarray(
 ) -> Tile:
     """A new tensor/tile in `buffer` (SBUF by default). Contents are undefined on hardware;
     the simulator zero-fills."""
-    return runtime.current().allocate(shape, dtype, buffer or sbuf)
+    return interpreter.current().allocate(shape, dtype, buffer or sbuf)
 
 
 def _filled(shape: Any, value: Any, dtype: Any, buffer: Any) -> Tile:
     tile = ndarray(shape, dtype, buffer=buffer)
-    runtime.execute(
+    interpreter.execute(
         ops.constant_fn(value), [], [(tile, None, "set")], "gpsimd", ops.free_size(tile.shape)
     )
     return tile
@@ -106,7 +106,7 @@ def ones_like(a: Tile, dtype: Any = None, *, buffer: Any = None, **_: Any) -> Ti
 
 def shared_identity_matrix(n: int, dtype: Any = float32, **_: Any) -> Tile:
     tile = ndarray((n, n), dtype)
-    runtime.execute(lambda: np.eye(n, dtype=np.float32), [], [(tile, None, "set")], "gpsimd", n)
+    interpreter.execute(lambda: np.eye(n, dtype=np.float32), [], [(tile, None, "set")], "gpsimd", n)
     return tile
 
 
@@ -133,7 +133,7 @@ def load_transpose2d(src: Tile, *, mask: Any = None, dtype: Any = None, **_: Any
     if src.buffer.on_chip or len(src.shape) != 2:
         raise NkiError("nl.load_transpose2d reads a 2-D HBM tensor")
     tile = ndarray(src.shape[::-1], dtype or src.dtype)
-    runtime.execute(np.transpose, [src], [(tile, mask, "set")], "dma", _bytes(src))
+    interpreter.execute(np.transpose, [src], [(tile, mask, "set")], "dma", _bytes(src))
     return tile
 
 
@@ -153,7 +153,7 @@ def _bytes(tile: Tile) -> int:
 
 def dma(dst: Tile, src: Any, mask: Any) -> None:
     """One DMA transfer: HBM↔SBUF (either side may be HBM; SBUF↔SBUF is allowed too)."""
-    src = runtime.operand(src)
+    src = interpreter.operand(src)
     if isinstance(src, Tile):
         if src.buffer.name == "psum" and not dst.buffer.on_chip:
             pass  # stores from PSUM are accepted, as the compiler inserts the copy
@@ -163,14 +163,14 @@ def dma(dst: Tile, src: Any, mask: Any) -> None:
             check_partition(dst.shape, dst.par_axis, "DMA into " + dst.buffer.name)
         if src.shape != dst.shape and np.prod(src.shape) != np.prod(dst.shape):
             raise NkiError(f"DMA shapes differ: source {src.shape}, destination {dst.shape}")
-        launch = runtime.current()
+        launch = interpreter.current()
         launch.usage.dma_bytes += _bytes(dst)
         if not (src.buffer.on_chip and dst.buffer.on_chip):
             launch.usage.hbm_bytes += _bytes(dst)
-        fn = _reshaper(dst.shape) if src.shape != dst.shape else runtime._identity
-        runtime.execute(fn, [src], [(dst, mask, "set")], "dma", _bytes(dst))
+        fn = _reshaper(dst.shape) if src.shape != dst.shape else interpreter._identity
+        interpreter.execute(fn, [src], [(dst, mask, "set")], "dma", _bytes(dst))
     else:
-        runtime.execute(lambda: np.asarray(src), [], [(dst, mask, "set")], "dma", _bytes(dst))
+        interpreter.execute(lambda: np.asarray(src), [], [(dst, mask, "set")], "dma", _bytes(dst))
 
 
 def _reshaper(shape: tuple[int, ...]) -> Callable[[np.ndarray], np.ndarray]:
@@ -270,13 +270,13 @@ right_shift = _binary("right_shift")
 
 def where(condition: Any, x: Any, y: Any, *, dtype: Any = None, mask: Any = None, **_: Any) -> Tile:
     """Elementwise select: `x` where `condition` is true, else `y`."""
-    values = [runtime.operand(v) for v in (condition, x, y)]
+    values = [interpreter.operand(v) for v in (condition, x, y)]
     for v in values:
         ops.compute(v, "nl.where")
     shape = ops.broadcast_shapes(values, "nl.where")
     out = ops.new_tile(shape, ops.result_dtype(dtype, values[1:]))
     rank = len(shape)
-    runtime.execute(
+    interpreter.execute(
         lambda c, a, b: np.where(
             ops.pad(np.asarray(c), rank) != 0, ops.pad(ops.f32(a), rank), ops.pad(ops.f32(b), rank)
         ),
@@ -311,7 +311,7 @@ def _reduction(name: str, op: str) -> Callable[..., Tile]:
 
             body.lowering = ("reduce", op, axes, keepdims, False, count)  # type: ignore[attr-defined]
 
-        runtime.execute(body, [x], [(out, mask, "set")], "vector", ops.free_size(x.shape))
+        interpreter.execute(body, [x], [(out, mask, "set")], "vector", ops.free_size(x.shape))
         return out
 
     fn.__name__ = fn.__qualname__ = name
@@ -341,7 +341,7 @@ def softmax(x: Tile, axis: Any, *, dtype: Any = None, mask: Any = None, **_: Any
 
     body.lowering = ("softmax", axes)  # type: ignore[attr-defined]
 
-    runtime.execute(body, [x], [(out, mask, "set")], "scalar", 3 * ops.free_size(x.shape))
+    interpreter.execute(body, [x], [(out, mask, "set")], "scalar", 3 * ops.free_size(x.shape))
     return out
 
 
@@ -359,7 +359,7 @@ def transpose(x: Tile, *, dtype: Any = None, mask: Any = None, **_: Any) -> Tile
     if len(x.shape) != 2 or x.shape[1] > PARTITIONS:
         raise NkiError(f"nl.transpose takes a 2-D tile with both sizes at most 128, got {x.shape}")
     out = ops.new_tile(x.shape[::-1], dtype if dtype is not None else x.dtype)
-    runtime.execute(np.transpose, [x], [(out, mask, "set")], "tensor", x.shape[1] + 64)
+    interpreter.execute(np.transpose, [x], [(out, mask, "set")], "tensor", x.shape[1] + 64)
     return out
 
 
@@ -378,7 +378,7 @@ def broadcast_to(src: Tile, shape: Any, **_: Any) -> Tile:
         return ops.pad(x, rank)
 
     body.lowering = ("copy", True)  # type: ignore[attr-defined]
-    runtime.execute(body, [src], [(out, None, "set")], "vector", ops.free_size(shape))
+    interpreter.execute(body, [src], [(out, None, "set")], "vector", ops.free_size(shape))
     return out
 
 
@@ -387,7 +387,7 @@ def expand_dims(data: Tile, axis: int, **_: Any) -> Tile:
     shape = list(data.shape)
     shape.insert(axis if axis >= 0 else len(shape) + 1 + axis, 1)
     out = ops.new_tile(tuple(shape), data.dtype)
-    runtime.execute(_reshape_to(tuple(shape)), [data], [(out, None, "set")], "vector", 1)
+    interpreter.execute(_reshape_to(tuple(shape)), [data], [(out, None, "set")], "vector", 1)
     return out
 
 
@@ -398,7 +398,7 @@ def _reshape_to(shape: tuple[int, ...]) -> Callable[[np.ndarray], np.ndarray]:
 # -- SPMD and loops --------------------------------------------------------------------
 def program_id(axis: int) -> int:
     """This program instance's index along launch-grid `axis`."""
-    launch = runtime.current()
+    launch = interpreter.current()
     if not 0 <= axis < builtins.max(len(launch.grid), 1):
         raise NkiError(
             f"nl.program_id({axis}): the launch grid {launch.grid} has {len(launch.grid)} axes"
@@ -407,7 +407,7 @@ def program_id(axis: int) -> int:
 
 
 def num_programs(axes: Any = None) -> Any:
-    grid = runtime.current().grid or (1,)
+    grid = interpreter.current().grid or (1,)
     if axes is None:
         return int(np.prod(grid))
     if isinstance(axes, int):
@@ -416,14 +416,14 @@ def num_programs(axes: Any = None) -> Any:
 
 
 def program_ndim() -> int:
-    return len(runtime.current().grid)
+    return len(interpreter.current().grid)
 
 
 class _AffineRange:
     """An affine_range while a kernel is traced: iterates like `range`, and tags the
     instructions of each iteration for the compiled path's loop batching."""
 
-    def __init__(self, values: range, launch: runtime.Launch) -> None:
+    def __init__(self, values: range, launch: interpreter.Launch) -> None:
         self.values = values
         self.launch = launch
 
@@ -440,7 +440,7 @@ class _AffineRange:
 def affine_range(*args: int, **_: Any) -> Any:
     """Loop whose iterations are independent (the compiler may reorder/pipeline them)."""
     values = range(*args)
-    launch = runtime.active()
+    launch = interpreter.active()
     if launch is None or launch.steps is None:
         return values
     return _AffineRange(values, launch)
@@ -458,7 +458,21 @@ def static_range(*args: int, **_: Any) -> range:
 
 def device_print(prefix: str, x: Tile, **_: Any) -> None:
     """Prints a tile's current values (simulator only; a no-op in the compiled path)."""
-    print(prefix, runtime.read(x, False))
+    print(prefix, interpreter.read(x, False))
+
+
+def _set_item(tile: Tile, key: Any, value: Any) -> None:
+    """``tile[key] = value``: an on-chip copy."""
+    target = tile[key]
+    if isinstance(value, Tile) and value.same_access(target):
+        return  # `t[k] += v` writes in place, then Python assigns the same access back
+    interpreter.assign(target, value)
+
+
+def _add_in_place(tile: Tile, other: Any) -> Tile:
+    """``tile += other``: PSUM accumulation, or an in-place add on SBUF."""
+    interpreter.accumulate(tile, other)
+    return tile
 
 
 # Operators on tiles, as NKI defines them (elementwise, results in SBUF).
@@ -489,6 +503,8 @@ def _install_operators() -> None:
     }.items():
         setattr(Tile, f"__{name}__", lambda self, other, fn=fn: fn(self, other))
     Tile.__neg__ = lambda self: negative(self)  # type: ignore[method-assign]
+    Tile.__setitem__ = _set_item  # type: ignore[method-assign]
+    Tile.__iadd__ = _add_in_place  # type: ignore[method-assign]
     Tile.__invert__ = lambda self: invert(self)  # type: ignore[method-assign]
     Tile.__hash__ = object.__hash__  # type: ignore[method-assign]
     # ``tile.broadcast_to(shape)``, the method form public kernels use (RMSNorm tutorial)

@@ -20,11 +20,12 @@ import numpy as np
 import torch
 
 from .. import _C
-from . import codegen, row_programs, runtime
+from . import codegen, interpreter, row_programs
+from .cost import CostEstimate, from_usage
 from .errors import NkiError
 from .hbm_io import Allocator, HbmArg, launch_device, to_hbm, write_back
+from .interpreter import Launch, Usage
 from .profile import target_name
-from .runtime import Launch, Usage
 from .tiles import Storage, Tile, hbm, resolve_keys
 
 
@@ -88,18 +89,19 @@ class Kernel:
         return launched
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if runtime.active() is not None:
+        if interpreter.active() is not None:
             return self.fn(*args, **kwargs)  # a sub-kernel: traced into its caller
         if self.mode == "trace":
             raise NkiError("a kernel with mode='trace' runs only when called from another kernel")
         return self.run(args, kwargs, compiled=_execution_mode() == "compiled")
 
-    def cost(self, *args: Any, **kwargs: Any) -> Any:
-        """Runs the kernel once and returns its estimated cost on the target chip
-        (:class:`torchneuron.nki.cost.CostEstimate`)."""
-        from .cost import estimate
-
-        return estimate(self, *args, **kwargs)
+    def cost(self, *args: Any, **kwargs: Any) -> CostEstimate:
+        """Runs the kernel once with these arguments (traced on first use of the signature,
+        compiled after) and returns its estimated cost on the target chip
+        (NEURON_PLATFORM_TARGET_OVERRIDE)."""
+        self(*args, **kwargs)
+        assert self.last_usage is not None
+        return from_usage(self.last_usage)
 
     def interpret(self, *args: Any, **kwargs: Any) -> Any:
         """Runs the reference interpreter (no compiled code), whatever the setting."""
@@ -177,7 +179,7 @@ class Kernel:
 
         kernel_args = [tensor(a) for a in args]
         kernel_kwargs = {k: tensor(v) for k, v in kwargs.items()}
-        previous = runtime.enter(launch)
+        previous = interpreter.enter(launch)
         try:
             result = None
             for pid in itertools.product(*(range(d) for d in self.grid)):
@@ -186,7 +188,7 @@ class Kernel:
                 result = self.fn(*kernel_args, **kernel_kwargs)
             return result
         finally:
-            runtime.enter(previous)
+            interpreter.enter(previous)
 
     def _results(
         self,
@@ -269,3 +271,11 @@ def simulate(kernel: Any, *args: Any, **kwargs: Any) -> Any:
     if args or kwargs:
         return target.interpret(*args, **kwargs)
     return target.interpret
+
+
+def estimate(kernel: Any, *args: Any, **kwargs: Any) -> CostEstimate:
+    """``nki.estimate``: `kernel` (an ``@nki.jit`` kernel, or a launch ``kernel[grid]``) run
+    once with these arguments, and its cost estimate on the target chip (:meth:`Kernel.cost`)."""
+    if not isinstance(kernel, Kernel):
+        raise TypeError(f"nki.estimate takes an @nki.jit kernel, got {type(kernel).__name__}")
+    return kernel.cost(*args, **kwargs)

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from .runtime import Launch, Ref, Step, _zeros
+from .interpreter import Launch, Ref, Step, _zeros
 from .tiles import _ids, resolve_keys
 
 

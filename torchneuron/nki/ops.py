@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import dtypes, runtime
+from . import dtypes, interpreter
 from .errors import NkiError
 from .profile import GEMM_MOVING_FMAX, GEMM_STATIONARY_FMAX, PARTITIONS
 from .tiles import Tile, psum, sbuf
@@ -184,7 +184,7 @@ def free_size(shape: tuple[int, ...]) -> int:
 
 
 def new_tile(shape: tuple[int, ...], dtype: Any, buffer: Any = sbuf) -> Tile:
-    return runtime.current().allocate(shape, dtype, buffer)
+    return interpreter.current().allocate(shape, dtype, buffer)
 
 
 def result_dtype(dtype: Any, values: list[Any], op: str | None = None) -> Any:
@@ -237,14 +237,14 @@ def elementwise_fn(op: str, rank: int = 0) -> Callable[..., Any]:
 
 
 def elementwise(op: str, values: list[Any], dtype: Any, mask: Any, engine: str = "vector") -> Tile:
-    values = [runtime.operand(v) for v in values]
+    values = [interpreter.operand(v) for v in values]
     for v in values:
         compute(v, f"nl.{op}")
     shape = broadcast_shapes(values, f"nl.{op}")
     out = new_tile(shape, result_dtype(dtype, values, op))
     ranks = {len(v.shape) for v in values if isinstance(v, Tile)}
     fn = elementwise_fn(op, len(shape) if len(ranks) > 1 else 0)
-    runtime.execute(fn, values, [(out, mask, "set")], engine, free_size(shape))
+    interpreter.execute(fn, values, [(out, mask, "set")], engine, free_size(shape))
     return out
 
 
@@ -348,8 +348,8 @@ def matmul_into(
     check_psum_dst(dst, (m, n), what)
     mode = "acc" if accumulate else "set"
     wide = "float32" in (dtypes.name(stationary.dtype), dtypes.name(moving.dtype))
-    runtime.current().usage.matmul_flops["fp32" if wide else "bf16"] += 2 * k * m * n
-    runtime.execute(matmul_fn, [stationary, moving], [(dst, mask, mode)], "tensor", n + 64)
+    interpreter.current().usage.matmul_flops["fp32" if wide else "bf16"] += 2 * k * m * n
+    interpreter.execute(matmul_fn, [stationary, moving], [(dst, mask, mode)], "tensor", n + 64)
 
 
 def matmul_result(stationary: Tile, moving: Tile, mask: Any, what: str) -> Tile:

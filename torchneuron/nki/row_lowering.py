@@ -1,7 +1,7 @@
 """Lowering of single instructions to the C++ statements of a row program (row_programs.py).
 
 Each instruction body carries a ``lowering`` description (set where the body is defined:
-ops.py, language.py, isa_elementwise.py, isa_statistics_gpsimd_dma.py, runtime.py). A
+ops.py, language.py, isa_elementwise.py, isa_statistics_gpsimd_dma.py, interpreter.py). A
 lowered step is C++ for one row ``r``; operands are row pointers whose addresses stay
 placeholders (:func:`pointer`) until the run decides which tiles live in row-local buffers.
 """
@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from . import dtypes, row_cxx
+from .interpreter import Launch, Ref, Step
 from .row_views import Tables, View, pointer
-from .runtime import Launch, Ref, Step
 
 # Matmuls up to this many flops run inside row programs (a row-at-a-time loop: no call
 # overhead, no thread hand-offs); larger ones stay torch.mm calls (blocked, packed BLAS,

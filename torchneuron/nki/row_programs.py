@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 
 from . import row_cxx
+from .interpreter import Launch, Ref, Step
 from .row_lowering import NotLowerable, StepLowering
 from .row_views import POINTER, Tables, View
-from .runtime import Launch, Ref, Step
 
 VARIABLE = "TORCHNEURON_NKI_ROW_PROGRAMS"
 # Below this many elements over all runs, the numpy calls are cheap and a compile is not

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .runtime import Launch, Ref
+from .interpreter import Launch, Ref
 from .tiles import resolve_keys
 
 

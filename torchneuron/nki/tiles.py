@@ -3,7 +3,7 @@
 A *storage* is one allocation in a buffer (HBM, SBUF or PSUM) holding a numpy array. A
 *tile* is an access to a storage: a chain of basic indexing steps (a numpy view) and at most
 one advanced (affine-expression) index on top. Tiles are what ``nl``/``nisa`` take and
-return; every read and write of tile data goes through :mod:`.runtime`, which checks, runs
+return; every read and write of tile data goes through :mod:`.interpreter`, which checks, runs
 and (when tracing) records it.
 """
 
@@ -151,14 +151,6 @@ class Tile:
         dropped = sum(1 for i in items[: self.par_axis] if isinstance(i, int))
         return Tile(self.storage, self.keys + (items,), view, par_axis=self.par_axis - dropped)
 
-    def __setitem__(self, key: Any, value: Any) -> None:
-        from . import runtime
-
-        target = self[key]
-        if isinstance(value, Tile) and value.same_access(target):
-            return  # `t[k] += v` writes in place, then Python assigns the same access back
-        runtime.assign(target, value)
-
     def same_access(self, other: Tile) -> bool:
         return (
             self.storage is other.storage
@@ -182,12 +174,8 @@ class Tile:
             raise NkiError(f"cannot reshape a tensor of shape {self.shape} to {ints}") from error
         return Tile(self.storage, self.keys + (("reshape", ints),), view)
 
-    # -- operators (defined in language.py, installed below) ----------------------------
-    def __iadd__(self, other: Any) -> Tile:
-        from . import runtime
-
-        runtime.accumulate(self, other)
-        return self
+    # Operators, ``t[k] = v`` and ``t += v`` are installed by language.py: they are
+    # instructions, run by the interpreter, which imports this module.
 
 
 def resolve_keys(array: np.ndarray, keys: tuple[Any, ...]) -> np.ndarray:

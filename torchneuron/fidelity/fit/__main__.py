@@ -1,0 +1,38 @@
+"""python -m torchneuron.fidelity.fit MODEL [options]: peak HBM per logical core on Trainium."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from . import estimate
+from .arguments import add_step_arguments, layout, step_spec
+from .report import format_html, format_text
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m torchneuron.fidelity.fit", description=__doc__)
+    add_step_arguments(p)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--html", type=Path, help="also write a self-contained HTML report here")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    try:
+        report = estimate(a.model, step_spec(a), layout(a), a.chip)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(json.dumps(report.as_dict(), indent=1) if a.json else format_text(report))
+    if a.html:
+        a.html.write_text(format_html(report))
+        print(f"wrote {a.html}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

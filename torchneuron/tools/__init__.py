@@ -1,1 +1,0 @@
-"""Command-line tools of torchneuron (``python -m torchneuron.tools.<name>``)."""
