@@ -31,14 +31,14 @@ KNOWN_CAUSES: list[sections.Cause] = [
     (
         r"nn\.Mish",
         r"not close",
-        "backend bug (composite instead of CPU kernel; fixed in 74584a8): mish_backward "
+        "backend bug (composite instead of CPU kernel; fixed): mish_backward "
         "has a CPU kernel and a CompositeImplicitAutograd decomposition; neuron used the "
         "decomposition, whose bfloat16 rounding differs from the CPU kernel's",
     ),
     (
         r"nn\.Transformer(Encoder)?",
         r"NestedTensorneuron",
-        "backend gap (nested tensors; fixed in 49a1485): in eval mode under no_grad with "
+        "backend gap (nested tensors; fixed): in eval mode under no_grad with "
         "a src_key_padding_mask, TransformerEncoder converts the batch to a nested tensor on "
         "every device PyTorch lists for its fast path (privateuse1 included), and neuron had "
         "no nested-tensor kernels (_transformer_encoder_layer_fwd, to_padded_tensor)",
@@ -46,7 +46,7 @@ KNOWN_CAUSES: list[sections.Cause] = [
     (
         r"nn\.RNN",
         r"^grad\['weight_ih_l\d+(_reverse)?'\]: .*not close",
-        "PyTorch policy (resolved in 132d3d7): RNN layers pre-compute the input projections "
+        "PyTorch policy (resolved): RNN layers pre-compute the input projections "
         "of the whole sequence in one matmul only when inputs.device().is_cpu() (FullLayer in "
         "aten/src/ATen/native/RNN.cpp); on other devices each time step has its own addmm, so "
         "weight_ih's gradient was summed in another order (bfloat16 off by a few units in the "
@@ -55,7 +55,7 @@ KNOWN_CAUSES: list[sections.Cause] = [
     (
         r"nn\.(RNN|GRU|LSTM)(Cell)?",
         r"_thnn_fused_(gru|lstm)_cell|_thnn_fused|rnn",
-        "backend gap (fixed in 132d3d7): fused RNN cell kernels were missing on "
+        "backend gap (fixed): fused RNN cell kernels were missing on "
         "PrivateUse1: for a non-CPU input PyTorch's RNN cells call _thnn_fused_lstm_cell / "
         "_thnn_fused_gru_cell, which have CUDA kernels only, so the host-kernel fallback finds "
         "no CPU kernel; neuron now registers the cells and layers with the CPU's path",

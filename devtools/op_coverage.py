@@ -344,7 +344,7 @@ HARNESS = sweep.Harness(
     units_for=units_for,
     check_unit=check_unit,
     write_report=lambda run, units, path, command, full: write_report(
-        run.results, units, path, command, run.elapsed, full, run.backend
+        run.results, units, path, command, run.elapsed, full
     ),
     summary=summary,
 )

@@ -85,7 +85,7 @@ KNOWN_CAUSES: list[tuple[str, str, str]] = [
         r"native_layer_norm|nn\.functional\.layer_norm|native_group_norm|nn\.functional\.group_norm"
         r"|addr",
         r"",
-        "backend bug (composite instead of CPU kernel; fixed in 180aff9): the op has both a "
+        "backend bug (composite instead of CPU kernel; fixed): the op has both a "
         "CPU kernel and a CompositeExplicitAutograd kernel, and on neuron the composite "
         "(math_native_layer_norm, math_group_norm, math_addr) won over the host-kernel "
         "fallback, so bf16/f16 rounding (and, for empty inputs, the dtype of mean/rstd) "
@@ -94,7 +94,7 @@ KNOWN_CAUSES: list[tuple[str, str, str]] = [
     (
         r"sgn",
         r"SIGSEGV",
-        "backend bug (zero tensor crash; fixed in fb06dbd): "
+        "backend bug (zero tensor crash; fixed): "
         "torch._efficientzerotensor(..., device='neuron') crashed the process (a memcpy in "
         "ResultAdopter::move_into from the zero tensor's data-less storage); sgn's backward "
         "for real inputs returns a zero tensor",
@@ -102,7 +102,7 @@ KNOWN_CAUSES: list[tuple[str, str, str]] = [
     (
         r"fft\..*|polar|linalg\.eig|linalg\.eigvals",
         r"SIGSEGV",
-        "backend bug (conjugate/negative views crash; fixed in fb06dbd): any op or copy on a "
+        "backend bug (conjugate/negative views crash; fixed): any op or copy on a "
         "conjugate or negative view of a neuron tensor recursed without end (conjugateFallback "
         "-> clone -> copy_ -> neuron _copy_from -> conjugateFallback) and crashed the process; "
         "fft.ifft/hfft/ihfft return conjugate views, polar and eig backward call conj()",
@@ -115,7 +115,7 @@ KNOWN_CAUSES: list[tuple[str, str, str]] = [
     (
         r"nn\.functional\.scaled_dot_product_attention",
         r"not differentiable with respect to argument 'attn_mask'",
-        "backend bug (SDPA kernel choice; fixed in 180aff9): neuron's _fused_sdp_choice asked "
+        "backend bug (SDPA kernel choice; fixed): neuron's _fused_sdp_choice asked "
         "the CPU chooser with host aliases, which drop requires_grad, so it picked the CPU "
         "flash kernel although attn_mask requires grad; that kernel cannot differentiate it",
     ),

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from devtools import report_sections as sections
+from devtools.checkout import ROOT
 from devtools.conformance import (
     BACKWARD,
     CLOSE,
@@ -60,7 +61,6 @@ def write_report(
     command: str,
     elapsed: float,
     full: bool = False,
-    backend: str = "unknown",
 ) -> str:
     """Writes the markdown report (to `path` if given) and returns it."""
     ops = ops_by_key()
@@ -95,7 +95,7 @@ def write_report(
         f"raise on the CPU too (`cpu-error`) and {counts[NO_GRAD]} backward samples with no "
         f"differentiable output or input (`no-grad`)."
     )
-    module_table = sections.quoted_summary(Path(__file__).parents[2] / "docs" / MODULE_REPORT)
+    module_table = sections.quoted_summary(ROOT / "docs" / MODULE_REPORT)
     if module_table:
         out.append("")
         out.append("## Modules")

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from devtools.checkout import child_environment
+from devtools.checkout import ROOT, child_environment
 from devtools.conformance import (
     CPU_ERROR,
     ERROR,
@@ -54,7 +54,7 @@ def build_id() -> str:
 
 def source_state() -> str:
     """The git commit of the checkout and whether csrc/ has uncommitted changes."""
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
 
     def git(*args: str) -> str:
         done = subprocess.run(
@@ -440,6 +440,7 @@ def main(harness: Harness, argv: list[str] | None = None) -> int:
     if args.json is not None:
         run.save(args.json)
     print("\n".join(harness.summary(run.results)))
+    print(f"ran on: {run.backend}")
     for r in run.results:
         if r.status in (FAIL, ERROR):
             print(r.line())
@@ -451,5 +452,4 @@ def main(harness: Harness, argv: list[str] | None = None) -> int:
 
 def default_report_path(name: str) -> Path:
     """docs/<name> of the checkout, or <name> here when not run from one."""
-    root = Path(__file__).resolve().parents[2]
-    return (root / "docs" / name) if (root / "docs").is_dir() else Path(name)
+    return (ROOT / "docs" / name) if (ROOT / "docs").is_dir() else Path(name)
