@@ -21,13 +21,12 @@
 #include "memory/caching_allocator.h"
 #include "memory/shared_storage.h"
 #include "native/native_kernel_switch.h"
+#include "op_registrations.h"
 #include "ops/op_tracking.h"
 #include "task_board.h"
 
 namespace torchneuron {
 void register_hooks();
-void register_direct_host_kernels();
-void register_nested_host_kernels();
 }  // namespace torchneuron
 
 namespace py = pybind11;

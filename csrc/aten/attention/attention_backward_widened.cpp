@@ -26,6 +26,7 @@
 #include "host_kernels/host_kernel_executor.h"
 #include "launch/async_launch.h"
 #include "native/native_kernel_switch.h"
+#include "op_registrations.h"
 
 namespace torchneuron {
 namespace {
@@ -101,18 +102,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> host_backward(
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(torchneuron, m) {
+void define_attention_backward_widened_ops(torch::Library& m) {
   m.def(
       "sdpa_backward_widened(Tensor grad_out, Tensor query, Tensor key, Tensor value, "
       "Tensor out, Tensor logsumexp, float dropout_p, bool is_causal, *, Tensor? attn_mask=None, "
       "float? scale=None) -> (Tensor, Tensor, Tensor)");
 }
 
-TORCH_LIBRARY_IMPL(torchneuron, CPU, m) {
+void register_attention_backward_widened_cpu(torch::Library& m) {
   m.impl("sdpa_backward_widened", TORCH_FN(host_backward));
 }
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+void register_attention_backward_widened(torch::Library& m) {
   m.impl("_scaled_dot_product_flash_attention_for_cpu_backward",
          TORCH_FN(flash_attention_backward));
 }

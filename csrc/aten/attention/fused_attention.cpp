@@ -25,6 +25,7 @@
 #include <optional>
 #include <tuple>
 
+#include "op_registrations.h"
 #include "ops/op_tracking.h"
 
 namespace torchneuron {
@@ -260,7 +261,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_backward(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+void register_fused_attention(torch::Library& m) {
   m.impl("_scaled_dot_product_efficient_attention", TORCH_FN(efficient_attention));
   m.impl("_scaled_dot_product_efficient_attention_backward",
          TORCH_FN(efficient_attention_backward));

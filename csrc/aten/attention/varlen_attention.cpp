@@ -22,6 +22,7 @@
 #include <tuple>
 #include <vector>
 
+#include "op_registrations.h"
 #include "ops/op_tracking.h"
 
 namespace torchneuron {
@@ -204,7 +205,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_backward(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+void register_varlen_attention(torch::Library& m) {
   m.impl("_flash_attention_forward", TORCH_FN(flash_forward));
   m.impl("_flash_attention_backward", TORCH_FN(flash_backward));
 }

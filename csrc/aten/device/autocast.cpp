@@ -6,6 +6,8 @@
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include "op_registrations.h"
+
 // The KERNEL macros name ATen types unqualified, so the registrations live in at::autocast.
 namespace at::autocast {
 namespace {
@@ -28,24 +30,35 @@ Tensor binary_cross_entropy_refused(const Tensor&, const Tensor&, const std::opt
               "  binary_cross_entropy_with_logits and BCEWithLogits are\nsafe to autocast.");
 }
 
-TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m){
-    AT_FORALL_LOWER_PRECISION_FP(NEURON_LOWER_PRECISION_FP) AT_FORALL_FP32(NEURON_FP32)
-        AT_FORALL_FP32_SET_OPT_DTYPE(NEURON_FP32_SET_OPT_DTYPE)
-            AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE(
-                KERNEL_DIFFERENT_REDISPATCH_SIGNATURE_PRIVATEUSEONE)
-                AT_FORALL_PROMOTE(NEURON_PROMOTE)
+// Every op of the lists ATen publishes for backends, with the policy CUDA gives it.
+void register_policy(torch::Library& m) {
+  // clang-format off
+  AT_FORALL_LOWER_PRECISION_FP(NEURON_LOWER_PRECISION_FP)
+  AT_FORALL_FP32(NEURON_FP32)
+  AT_FORALL_FP32_SET_OPT_DTYPE(NEURON_FP32_SET_OPT_DTYPE)
+  AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE(KERNEL_DIFFERENT_REDISPATCH_SIGNATURE_PRIVATEUSEONE)
+  AT_FORALL_PROMOTE(NEURON_PROMOTE)
 
-    // The LSTM layer kernel neuron shares with the CPU (recurrent_layers.cpp): lower
-    // precision, as CPU autocast has it and as CUDA has its own RNN kernel (_cudnn_rnn), so an
-    // autocast LSTM computes in the autocast dtype like every other recurrent path.
-    NEURON_LOWER_PRECISION_FP(mkldnn_rnn_layer)}
+  // The LSTM layer kernel neuron shares with the CPU (recurrent_layers.cpp): lower
+  // precision, as CPU autocast has it and as CUDA has its own RNN kernel (_cudnn_rnn), so an
+  // autocast LSTM computes in the autocast dtype like every other recurrent path.
+  NEURON_LOWER_PRECISION_FP(mkldnn_rnn_layer)
+  // clang-format on
 
-TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
   m.impl(TORCH_SELECTIVE_NAME("aten::binary_cross_entropy"),
          TORCH_FN(binary_cross_entropy_refused));
 }
 
-TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) { m.fallback(torch::CppFunction::makeFallthrough()); }
-
 }  // namespace
 }  // namespace at::autocast
+
+namespace torchneuron {
+
+void register_autocast_policy(torch::Library& m) { at::autocast::register_policy(m); }
+
+// Ops without a policy run in their own precision: autocast passes them straight through.
+void register_autocast_fallthrough(torch::Library& m) {
+  m.fallback(torch::CppFunction::makeFallthrough());
+}
+
+}  // namespace torchneuron

@@ -37,6 +37,7 @@
 #include "host_kernels/host_kernel_typed.h"
 #include "memory/caching_allocator.h"
 #include "native/native_kernel_switch.h"
+#include "op_registrations.h"
 
 namespace torchneuron {
 namespace {
@@ -302,7 +303,7 @@ bool copy_within_device(at::Tensor& self, const at::Tensor& src) {
   return true;
 }
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+void register_host_iterator_kernels(torch::Library& m) {
   m.impl("add.Tensor", TORCH_FN(add));
   m.impl("add_.Tensor", TORCH_FN(add_));
   m.impl("sub.Tensor", TORCH_FN(sub));

@@ -27,6 +27,7 @@
 #include "memory/allocation_redirect.h"
 #include "memory/caching_allocator.h"
 #include "memory/host_alias.h"
+#include "op_registrations.h"
 #include "ops/op_tracking.h"
 #include "profiler/device_activity.h"
 
@@ -220,7 +221,7 @@ void run_on_host_kernels_boxed(const c10::OperatorHandle& op, torch::jit::Stack*
   run_on_host_kernels(op, stack);
 }
 
-TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+void register_host_kernel_fallback(torch::Library& m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&run_on_host_kernels>());
 }
 

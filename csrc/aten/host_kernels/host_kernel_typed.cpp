@@ -7,6 +7,8 @@
 
 #include <string>
 
+#include "op_registrations.h"
+
 namespace torchneuron {
 namespace {
 
@@ -20,7 +22,7 @@ void register_typed(torch::Library& m) {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+void register_typed_host_kernels(torch::Library& m) {
   // Elementwise arithmetic (the floating binary and unary ops: host_iterator_kernels.cpp,
   // which falls back to these kernels for the other cases).
   register_typed<at::_ops::add_Scalar>(m);

@@ -33,6 +33,7 @@
 #include "launch/async_launch.h"
 #include "native/aten_parallel.h"
 #include "native/native_kernel_switch.h"
+#include "op_registrations.h"
 #include "ops/op_tracking.h"
 #include "profiler/device_activity.h"
 #include "sdpa_decode.h"
@@ -226,18 +227,18 @@ std::tuple<at::Tensor, at::Tensor> host_sdpa_decode(const at::Tensor& query, con
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+void register_native_attention_decode(torch::Library& m) {
   m.impl("_scaled_dot_product_flash_attention_for_cpu", TORCH_FN(flash_attention));
 }
 
-TORCH_LIBRARY_FRAGMENT(torchneuron, m) {
+void define_native_attention_decode_ops(torch::Library& m) {
   m.def(
       "native_sdpa_decode(Tensor query, Tensor key, Tensor value, float dropout_p=0.0, "
       "bool is_causal=False, *, Tensor? attn_mask=None, float? scale=None) -> (Tensor output, "
       "Tensor logsumexp)");
 }
 
-TORCH_LIBRARY_IMPL(torchneuron, CPU, m) {
+void register_native_attention_decode_cpu(torch::Library& m) {
   m.impl("native_sdpa_decode", TORCH_FN(host_sdpa_decode));
 }
 

@@ -19,6 +19,7 @@
 #include "launch/async_launch.h"
 #include "native/aten_parallel.h"
 #include "native/native_kernel_switch.h"
+#include "op_registrations.h"
 #include "profiler/device_activity.h"
 #include "row_kernels.h"
 
@@ -107,22 +108,22 @@ std::tuple<at::Tensor, at::Tensor> silu_mul_backward_meta(const at::Tensor& grad
 
 }  // namespace
 
-TORCH_LIBRARY(torchneuron, m) {
+void define_gated_mlp_ops(torch::Library& m) {
   m.def("silu_mul(Tensor gate, Tensor up) -> Tensor");
   m.def("silu_mul_backward(Tensor grad, Tensor gate, Tensor up) -> (Tensor, Tensor)");
 }
 
-TORCH_LIBRARY_IMPL(torchneuron, CPU, m) {
+void register_gated_mlp_ops_cpu(torch::Library& m) {
   m.impl("silu_mul", TORCH_FN(silu_mul));
   m.impl("silu_mul_backward", TORCH_FN(silu_mul_backward));
 }
 
-TORCH_LIBRARY_IMPL(torchneuron, PrivateUse1, m) {
+void register_gated_mlp_ops_neuron(torch::Library& m) {
   m.impl("silu_mul", TORCH_FN(silu_mul));
   m.impl("silu_mul_backward", TORCH_FN(silu_mul_backward));
 }
 
-TORCH_LIBRARY_IMPL(torchneuron, Meta, m) {
+void register_gated_mlp_ops_meta(torch::Library& m) {
   m.impl("silu_mul", TORCH_FN(silu_mul_meta));
   m.impl("silu_mul_backward", TORCH_FN(silu_mul_backward_meta));
 }

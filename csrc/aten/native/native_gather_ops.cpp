@@ -21,6 +21,7 @@
 #include "host_kernels/host_kernel_typed.h"
 #include "memory/device_storage.h"
 #include "native/native_kernel_switch.h"
+#include "op_registrations.h"
 #include "profiler/device_activity.h"
 
 namespace torchneuron {
@@ -168,7 +169,7 @@ at::Tensor cat(const at::ITensorListRef& tensors, int64_t dim) {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+void register_native_gather_ops(torch::Library& m) {
   m.impl("index_select", TORCH_FN(index_select));
   m.impl("index.Tensor", TORCH_FN(index));
   m.impl("cat", TORCH_FN(cat));

@@ -24,6 +24,7 @@
 #include "memory/host_alias.h"
 #include "native/aten_parallel.h"
 #include "native/native_kernel_switch.h"
+#include "op_registrations.h"
 #include "ops/op_tracking.h"
 #include "profiler/device_activity.h"
 
@@ -225,13 +226,13 @@ at::Tensor cpu_native_addmm(const at::Tensor& self, const at::Tensor& mat1, cons
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+void register_native_gemm(torch::Library& m) {
   m.impl("mm", TORCH_FN(neuron_mm));
   m.impl("bmm", TORCH_FN(neuron_bmm));
   m.impl("addmm", TORCH_FN(neuron_addmm));
 }
 
-TORCH_LIBRARY_FRAGMENT(torchneuron, m) {
+void define_native_gemm_ops(torch::Library& m) {
   m.def("native_mm(Tensor self, Tensor mat2) -> Tensor");
   m.def("native_bmm(Tensor self, Tensor mat2) -> Tensor");
   m.def(
@@ -254,13 +255,13 @@ TORCH_LIBRARY_FRAGMENT(torchneuron, m) {
   });
 }
 
-TORCH_LIBRARY_IMPL(torchneuron, CPU, m) {
+void register_native_gemm_ops_cpu(torch::Library& m) {
   m.impl("native_mm", TORCH_FN(cpu_native_mm));
   m.impl("native_bmm", TORCH_FN(cpu_native_bmm));
   m.impl("native_addmm", TORCH_FN(cpu_native_addmm));
 }
 
-TORCH_LIBRARY_IMPL(torchneuron, PrivateUse1, m) {
+void register_native_gemm_ops_neuron(torch::Library& m) {
   m.impl("native_mm", TORCH_FN(neuron_mm));
   m.impl("native_bmm", TORCH_FN(neuron_bmm));
   m.impl("native_addmm", TORCH_FN(neuron_addmm));

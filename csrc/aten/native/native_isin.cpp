@@ -14,6 +14,7 @@
 #include "launch/async_launch.h"
 #include "membership.h"
 #include "native/native_kernel_switch.h"
+#include "op_registrations.h"
 #include "profiler/device_activity.h"
 
 namespace torchneuron {
@@ -60,6 +61,6 @@ at::Tensor isin(const at::Tensor& elements, const at::Tensor& tests, bool assume
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) { m.impl("isin.Tensor_Tensor", TORCH_FN(isin)); }
+void register_native_isin(torch::Library& m) { m.impl("isin.Tensor_Tensor", TORCH_FN(isin)); }
 
 }  // namespace torchneuron

@@ -18,6 +18,7 @@
 #include "memory/device_storage.h"
 #include "native/aten_parallel.h"
 #include "native/native_kernel_switch.h"
+#include "op_registrations.h"
 #include "ops/op_tracking.h"
 #include "profiler/device_activity.h"
 #include "row_kernels.h"
@@ -186,7 +187,7 @@ at::Tensor silu_backward(const at::Tensor& grad_output, const at::Tensor& self) 
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+void register_native_row_ops(torch::Library& m) {
   m.impl("_softmax", TORCH_FN((softmax_forward<false, at::_ops::_softmax>)));
   m.impl("_log_softmax", TORCH_FN((softmax_forward<true, at::_ops::_log_softmax>)));
   m.impl("_softmax_backward_data",

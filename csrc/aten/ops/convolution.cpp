@@ -6,6 +6,7 @@
 
 #include "memory/allocation_redirect.h"
 #include "memory/host_alias.h"
+#include "op_registrations.h"
 #include "ops/op_tracking.h"
 #include "profiler/device_activity.h"
 
@@ -72,7 +73,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+void register_convolution(torch::Library& m) {
   m.impl("convolution_overrideable", TORCH_FN(convolution));
   m.impl("convolution_backward_overrideable", TORCH_FN(convolution_backward));
 }

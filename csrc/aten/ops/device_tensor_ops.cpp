@@ -18,6 +18,7 @@
 #include "memory/caching_allocator.h"
 #include "memory/device_storage.h"
 #include "memory/host_alias.h"
+#include "op_registrations.h"
 #include "ops/op_tracking.h"
 #include "profiler/device_activity.h"
 
@@ -281,7 +282,7 @@ bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& 
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+void register_device_tensor_ops(torch::Library& m) {
   m.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
   m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
   m.impl("empty_strided", TORCH_FN(empty_strided));
@@ -305,12 +306,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 // Copies resolve conjugate and negative bits themselves (the host copy kernel reads the
 // aliases' bits); sending them through the conj/neg fallbacks would materialise the input
 // with clone -> copy_ -> _copy_from and recurse without end.
-TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
-  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
-  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
-}
-
-TORCH_LIBRARY_IMPL(aten, Negative, m) {
+void register_copy_fallthroughs(torch::Library& m) {
   m.impl("_copy_from", torch::CppFunction::makeFallthrough());
   m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
 }

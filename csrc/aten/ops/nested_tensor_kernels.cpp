@@ -19,6 +19,7 @@
 #include "host_kernels/bulk_registration.h"
 #include "memory/allocation_redirect.h"
 #include "memory/host_alias.h"
+#include "op_registrations.h"
 
 namespace torchneuron {
 namespace {
@@ -142,7 +143,7 @@ void run_nested_on_host_kernels(const c10::OperatorHandle& op, torch::jit::Stack
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
+void register_nested_tensor_fallback(torch::Library& m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&run_nested_on_host_kernels>());
 }
 

@@ -11,6 +11,7 @@
 
 #include <torch/library.h>
 
+#include "op_registrations.h"
 #include "ops/op_tracking.h"
 
 namespace torchneuron::recurrent {
@@ -156,20 +157,21 @@ at::Tensor simple_cell(const at::Tensor& input, const at::Tensor& hx, const at::
 
 }  // namespace
 
-// Registered for the autograd key too: these ops are CompositeImplicitAutograd, and a
-// backend kernel alone would leave autograd to PyTorch's decomposition (the fused path).
-// Called at the autograd key, the ATen ops inside record the graph themselves.
-#define REGISTER_CELL_OPS(m)                                       \
-  m.impl("lstm_cell", TORCH_FN(lstm_cell));                        \
-  m.impl("gru_cell", TORCH_FN(gru_cell));                          \
-  m.impl("rnn_tanh_cell", TORCH_FN(simple_cell<CellKind::kTanh>)); \
+// Registered for the autograd key too (op_registrations.cpp): these ops are
+// CompositeImplicitAutograd, and a backend kernel alone would leave autograd to PyTorch's
+// decomposition (the fused path). Called at the autograd key, the ATen ops inside record the graph
+// themselves.
+void register_cells(torch::Library& m) {
+  m.impl("lstm_cell", TORCH_FN(lstm_cell));
+  m.impl("gru_cell", TORCH_FN(gru_cell));
+  m.impl("rnn_tanh_cell", TORCH_FN(simple_cell<CellKind::kTanh>));
   m.impl("rnn_relu_cell", TORCH_FN(simple_cell<CellKind::kRelu>));
-
-TORCH_LIBRARY_IMPL(aten, PrivateUse1,
-                   m){REGISTER_CELL_OPS(m)} TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
-  REGISTER_CELL_OPS(m)
 }
 
-#undef REGISTER_CELL_OPS
-
 }  // namespace torchneuron::recurrent
+
+namespace torchneuron {
+
+void register_recurrent_cells(torch::Library& m) { recurrent::register_cells(m); }
+
+}  // namespace torchneuron

@@ -26,6 +26,7 @@
 
 #include <algorithm>
 
+#include "op_registrations.h"
 #include "ops/op_tracking.h"
 #include "ops/recurrent_cells.h"
 
@@ -397,22 +398,22 @@ std::tuple<at::Tensor, at::Tensor> one_state_packed(const at::Tensor& data,
 
 }  // namespace
 
-#define REGISTER_SEQUENCE_OPS(m)                                         \
-  m.impl("lstm.input", TORCH_FN(lstm_padded));                           \
-  m.impl("lstm.data", TORCH_FN(lstm_packed));                            \
-  m.impl("gru.input", TORCH_FN(one_state_padded<CellKind::kGru>));       \
-  m.impl("gru.data", TORCH_FN(one_state_packed<CellKind::kGru>));        \
-  m.impl("rnn_tanh.input", TORCH_FN(one_state_padded<CellKind::kTanh>)); \
-  m.impl("rnn_tanh.data", TORCH_FN(one_state_packed<CellKind::kTanh>));  \
-  m.impl("rnn_relu.input", TORCH_FN(one_state_padded<CellKind::kRelu>)); \
+// Registered for both keys (op_registrations.cpp): see the note at the top.
+void register_sequence_ops(torch::Library& m) {
+  m.impl("lstm.input", TORCH_FN(lstm_padded));
+  m.impl("lstm.data", TORCH_FN(lstm_packed));
+  m.impl("gru.input", TORCH_FN(one_state_padded<CellKind::kGru>));
+  m.impl("gru.data", TORCH_FN(one_state_packed<CellKind::kGru>));
+  m.impl("rnn_tanh.input", TORCH_FN(one_state_padded<CellKind::kTanh>));
+  m.impl("rnn_tanh.data", TORCH_FN(one_state_packed<CellKind::kTanh>));
+  m.impl("rnn_relu.input", TORCH_FN(one_state_padded<CellKind::kRelu>));
   m.impl("rnn_relu.data", TORCH_FN(one_state_packed<CellKind::kRelu>));
-
-// Both keys: see the note at the top.
-TORCH_LIBRARY_IMPL(aten, PrivateUse1,
-                   m){REGISTER_SEQUENCE_OPS(m)} TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
-  REGISTER_SEQUENCE_OPS(m)
 }
 
-#undef REGISTER_SEQUENCE_OPS
-
 }  // namespace torchneuron::recurrent
+
+namespace torchneuron {
+
+void register_recurrent_layers(torch::Library& m) { recurrent::register_sequence_ops(m); }
+
+}  // namespace torchneuron
