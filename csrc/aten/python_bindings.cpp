@@ -11,23 +11,22 @@
 #include <set>
 #include <string>
 
-#include "async_launch.h"
-#include "caching_allocator.h"
-#include "compiled_graph_call.h"
+#include "compile/compiled_graph_call.h"
 #include "cpu_features.h"
-#include "device_state.h"
-#include "dist_backend.h"
-#include "generator.h"
-#include "native_kernels.h"
-#include "op_tracking.h"
-#include "runtime_status.h"
-#include "shared_storage.h"
+#include "device/device_state.h"
+#include "device/generator.h"
+#include "device/runtime_status.h"
+#include "distributed/dist_backend.h"
+#include "launch/async_launch.h"
+#include "memory/caching_allocator.h"
+#include "memory/shared_storage.h"
+#include "native/native_kernel_switch.h"
+#include "op_registrations.h"
+#include "ops/op_tracking.h"
 #include "task_board.h"
 
 namespace torchneuron {
 void register_hooks();
-void register_direct_host_kernels();
-void register_nested_host_kernels();
 }  // namespace torchneuron
 
 namespace py = pybind11;
