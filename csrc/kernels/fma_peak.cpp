@@ -1,6 +1,10 @@
+// fma_peak_flops() (fma_peak.h): times the loop of the chosen instruction set on the calling
+// thread's CPU time.
 #include "fma_peak.h"
 
 #include <time.h>
+
+#include <algorithm>
 
 #include "fma_peak_isa.h"
 
@@ -25,19 +29,11 @@ double scalar_loop(int64_t iterations) {
   return 2.0 * 8 * static_cast<double>(iterations);
 }
 
-IsaLevel capped(IsaLevel level) {
-  const CpuFeatures& f = cpu_features();
-  const IsaLevel best = f.avx512_bf16 ? IsaLevel::kAvx512Bf16
-                        : f.avx512    ? IsaLevel::kAvx512
-                        : f.avx2      ? IsaLevel::kAvx2
-                                      : IsaLevel::kScalar;
-  return level > best ? best : level;
-}
-
 }  // namespace
 
 double fma_peak_flops(bool bf16, IsaLevel level, int64_t iterations) {
-  level = capped(level);
+  // AMX hosts run the AVX512-BF16 loops (the switch below treats the two levels alike).
+  level = std::min(level, host_isa_level());
   const double start = thread_seconds();
   double flops = 0;
   switch (level) {

@@ -42,14 +42,6 @@ void gemm_scalar(const GemmProblem& problem, const ParallelFor& parallel) {
 
 namespace {
 
-IsaLevel host_best() {
-  const CpuFeatures& f = cpu_features();
-  if (f.avx512_bf16) return IsaLevel::kAvx512Bf16;
-  if (f.avx512) return IsaLevel::kAvx512;
-  if (f.avx2) return IsaLevel::kAvx2;
-  return IsaLevel::kScalar;
-}
-
 void check(const GemmProblem& p) {
   auto fail = [](const std::string& what) { throw std::invalid_argument("gemm: " + what); };
   if (p.batch < 0 || p.m < 0 || p.n < 0 || p.k < 0) fail("negative size");
@@ -72,7 +64,7 @@ ParallelFor serial_for() {
 void gemm(const GemmProblem& problem, const ParallelFor& parallel, IsaLevel level) {
   check(problem);
   if (problem.batch == 0 || problem.m == 0 || problem.n == 0) return;
-  const IsaLevel best = host_best();
+  const IsaLevel best = host_isa_level();
   if (level > best) level = best;
   switch (level) {
 #if defined(__x86_64__) || defined(_M_X64)
@@ -94,7 +86,7 @@ void gemm(const GemmProblem& problem, const ParallelFor& parallel, IsaLevel leve
 
 bool gemm_preferred(GemmDtype dtype, int64_t m, int64_t n, IsaLevel level) {
   if (dtype != GemmDtype::kBFloat16 || m <= 8 || n <= 8) return true;
-  return std::min(level, host_best()) < IsaLevel::kAvx512Bf16;
+  return std::min(level, host_isa_level()) < IsaLevel::kAvx512Bf16;
 }
 
 void gemm(const GemmProblem& problem, const ParallelFor& parallel) {

@@ -21,16 +21,8 @@ int64_t sdpa_decode_scratch_floats(const SdpaDecodeProblem& problem, int64_t row
 
 namespace {
 
-IsaLevel host_best() {
-  const CpuFeatures& f = cpu_features();
-  if (f.avx512_bf16) return IsaLevel::kAvx512Bf16;
-  if (f.avx512) return IsaLevel::kAvx512;
-  if (f.avx2) return IsaLevel::kAvx2;
-  return IsaLevel::kScalar;
-}
-
 detail::SdpaDecodeRows rows_for(IsaLevel level) {
-  switch (std::min(level, host_best())) {
+  switch (std::min(level, host_isa_level())) {
 #if defined(__x86_64__) || defined(_M_X64)
     case IsaLevel::kAmxBf16:
     case IsaLevel::kAvx512Bf16:

@@ -13,8 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "memory/allocation_redirect.h"
-#include "memory/host_alias.h"
+#include "host_kernels/host_kernel_executor.h"
 #include "ops/op_tracking.h"
 
 namespace torchneuron {
@@ -70,7 +69,10 @@ class NeuronModelRunner final : public torch::inductor::AOTIModelContainerRunner
     const c10::DeviceIndex index = device_for(inputs);
     const c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, index));
 
-    HostAliasSet aliases;
+    // Counted like an op: get_executed_ops() shows the runs, get_fallback_ops() any output
+    // that had to be copied into device memory (one the program did not allocate there).
+    static OpCounter& counter = op_counter_named("aoti::model_run");
+    HostKernelCall call(index, &counter);
     std::vector<at::Tensor> host_inputs;
     host_inputs.reserve(inputs.size());
     for (size_t i = 0; i < inputs.size(); ++i) {
@@ -83,21 +85,15 @@ class NeuronModelRunner final : public torch::inductor::AOTIModelContainerRunner
                   "AOTInductor package for neuron:", static_cast<int>(index), " got input ", i,
                   " on ", t.device(), "; move the inputs to that device with .to(), or load ",
                   "the package with device_index=<their device>");
-      host_inputs.push_back(aliases.alias(t));
+      host_inputs.push_back(call.alias(t));
     }
-    std::vector<at::Tensor> host_outputs;
-    {
-      const DeviceAllocationScope scope(index);
+    std::vector<at::Tensor> host_outputs = call.run_without_span([&] {
       std::vector<AtenTensorHandle> handles =
           torch::aot_inductor::unsafe_alloc_new_handles_from_tensors(host_inputs);
       host_inputs.clear();  // the model owns its inputs now and may free them early
-      host_outputs = AOTIModelContainerRunner::run_impl(handles, stream_handle);
-    }
-    // Counted like an op: get_executed_ops() shows the runs, get_fallback_ops() any output
-    // that had to be copied into device memory (one the program did not allocate there).
-    static OpCounter& counter = op_counter_named("aoti::model_run");
+      return AOTIModelContainerRunner::run_impl(handles, stream_handle);
+    });
     counter.executed.fetch_add(1, std::memory_order_relaxed);
-    ResultAdopter adopter(aliases, index, &counter);
     std::vector<at::Tensor> outputs;
     outputs.reserve(host_outputs.size());
     TORCH_CHECK(host_outputs_.size() == host_outputs.size(), "AOTInductor neuron package returned ",
@@ -106,7 +102,7 @@ class NeuronModelRunner final : public torch::inductor::AOTIModelContainerRunner
       if (host_outputs_[i] == '1') {
         outputs.push_back(host_outputs[i].clone());  // a CPU scalar, in host memory
       } else {
-        outputs.push_back(adopter.adopt(std::move(host_outputs[i])));
+        outputs.push_back(call.adopt(std::move(host_outputs[i])));
       }
     }
     return outputs;

@@ -14,11 +14,9 @@
 
 #include "device/runtime_status.h"
 #include "device/stream_state.h"
+#include "host_kernels/host_kernel_executor.h"
 #include "launch/async_launch.h"
-#include "memory/allocation_redirect.h"
-#include "memory/host_alias.h"
 #include "neuron_runtime.h"
-#include "profiler/device_activity.h"
 #include "task_board.h"
 
 namespace py = pybind11;
@@ -51,7 +49,7 @@ py::list call_host_graph(const py::function& fn, const py::list& args, int devic
   const auto index = static_cast<c10::DeviceIndex>(device);
   const c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, index));
   start_a_worker_to_help(index);
-  HostAliasSet aliases;
+  HostKernelCall call(index, nullptr);
   py::list host_args(args.size());
   for (size_t i = 0; i < args.size(); ++i) {
     py::handle item = args[i];
@@ -60,17 +58,12 @@ py::list call_host_graph(const py::function& fn, const py::list& args, int devic
       TORCH_CHECK(t.device().index() == index, "compiled neuron graph for neuron:", device,
                   " got an input on ", t.device(),
                   "; a compiled graph runs on one device: move its inputs there with .to()");
-      host_args[i] = py::cast(aliases.alias(t));
+      host_args[i] = py::cast(call.alias(t));
     } else {
       host_args[i] = item;
     }
   }
-  py::object result;
-  {
-    const DeviceActivitySpan span(DeviceActivityKind::kKernel, "compiled_graph", index);
-    const DeviceAllocationScope scope(index);
-    result = fn(host_args);
-  }
+  py::object result = call.run("compiled_graph", [&] { return fn(host_args); });
   host_args = py::list();  // drop the aliases' Python references before adopting
   py::list outputs;
   std::vector<at::Tensor> hosts;
@@ -85,9 +78,8 @@ py::list call_host_graph(const py::function& fn, const py::list& args, int devic
       outputs.append(adopt ? py::object(py::none()) : py::object(items[i]));
     }
   }  // the Python list and its tensor objects are gone: fresh outputs convert in place
-  ResultAdopter adopter(aliases, index, nullptr);
   for (size_t i = 0; i < hosts.size(); ++i) {
-    if (hosts[i].defined()) outputs[i] = py::cast(adopter.adopt(std::move(hosts[i])));
+    if (hosts[i].defined()) outputs[i] = py::cast(call.adopt(std::move(hosts[i])));
   }
   return outputs;
 }

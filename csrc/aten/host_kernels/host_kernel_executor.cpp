@@ -142,7 +142,7 @@ void run_on_host_kernels(const c10::OperatorHandle& op, torch::jit::Stack* stack
   if (async_candidate(argument_bytes) && launch_async(op, stack, device)) return;
   wait_for_device_work(*plan.counter);
 
-  HostAliasSet aliases;
+  HostKernelCall call(device, plan.counter);
   c10::SmallVector<std::pair<at::Tensor, at::Tensor>, 2> written;  // (neuron tensor, alias)
   std::vector<c10::IValue> originals;                              // arguments returned as results
   if (plan.returns_arguments) originals.reserve(num_args);
@@ -152,7 +152,7 @@ void run_on_host_kernels(const c10::OperatorHandle& op, torch::jit::Stack* stack
     if (value.isTensor()) {
       const at::Tensor& t = value.toTensor();
       if (is_device_tensor(t)) {
-        at::Tensor alias = aliases.alias(t);
+        at::Tensor alias = call.alias(t);
         if (plan.is_written[i]) written.emplace_back(t, alias);
         value = std::move(alias);
       }
@@ -161,7 +161,7 @@ void run_on_host_kernels(const c10::OperatorHandle& op, torch::jit::Stack* stack
       converted.reserve(value.toTensorList().size());
       for (const at::Tensor& t : value.toTensorList()) {
         if (is_device_tensor(t)) {
-          at::Tensor alias = aliases.alias(t);
+          at::Tensor alias = call.alias(t);
           if (plan.is_written[i]) written.emplace_back(t, alias);
           converted.push_back(std::move(alias));
         } else {
@@ -172,7 +172,7 @@ void run_on_host_kernels(const c10::OperatorHandle& op, torch::jit::Stack* stack
     } else if (value.isOptionalTensorList()) {
       c10::List<std::optional<at::Tensor>> converted;
       for (const std::optional<at::Tensor> t : value.toOptionalTensorList()) {
-        converted.push_back(t.has_value() && is_device_tensor(*t) ? std::optional(aliases.alias(*t))
+        converted.push_back(t.has_value() && is_device_tensor(*t) ? std::optional(call.alias(*t))
                                                                   : t);
       }
       value = std::move(converted);
@@ -187,15 +187,11 @@ void run_on_host_kernels(const c10::OperatorHandle& op, torch::jit::Stack* stack
     }
   }
 
-  {
-    const DeviceActivitySpan span(DeviceActivityKind::kKernel, schema.name().c_str(), device);
-    DeviceAllocationScope scope(device);
-    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
-  }
+  call.run(schema.name().c_str(),
+           [&] { op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack); });
 
-  ResultAdopter adopter(aliases, device, plan.counter);
   for (const auto& [device_tensor, alias] : written) {
-    adopter.write_back(device_tensor, alias);
+    call.write_back(device_tensor, alias);
   }
   const size_t num_returns = schema.returns().size();
   const size_t returns_first = stack->size() - num_returns;
@@ -205,10 +201,10 @@ void run_on_host_kernels(const c10::OperatorHandle& op, torch::jit::Stack* stack
     if (alias_of >= 0) {
       value = originals[static_cast<size_t>(alias_of)];
     } else if (value.isTensor()) {
-      value = adopter.adopt(std::move(value).toTensor());
+      value = call.adopt(std::move(value).toTensor());
     } else if (value.isTensorList()) {
       c10::List<at::Tensor> converted;
-      for (const at::Tensor& t : value.toTensorList()) converted.push_back(adopter.adopt(t));
+      for (const at::Tensor& t : value.toTensorList()) converted.push_back(call.adopt(t));
       value = std::move(converted);
     }
   }

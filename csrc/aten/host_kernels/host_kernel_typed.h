@@ -1,8 +1,9 @@
-// Unboxed host kernels: what host_kernel_executor.cpp does for every op (alias the neuron
-// arguments, run the CPU kernel with allocations redirected to the device, adopt the
-// results), but with the op's C++ signature, so a call is not boxed into an IValue stack and
-// unboxed again on the way to the CPU kernel. TypedHostKernel<Op>::run is the kernel; the
-// registrations are in host_kernel_typed.cpp, and host_iterator_kernels.cpp falls back to it.
+// Unboxed host kernels: what host_kernel_executor.cpp does for every op (the host-kernel
+// contract of host_kernel_executor.h: alias the neuron arguments, run the CPU kernel with
+// allocations redirected to the device, adopt the results), but with the op's C++ signature, so a
+// call is not boxed into an IValue stack and unboxed again on the way to the CPU kernel.
+// TypedHostKernel<Op>::run is the kernel; the registrations are in host_kernel_typed.cpp, and
+// host_iterator_kernels.cpp falls back to it.
 #pragma once
 
 #include <ATen/Operators.h>
@@ -15,11 +16,9 @@
 #include <vector>
 
 #include "device/device_placement.h"
+#include "host_kernels/host_kernel_executor.h"
 #include "launch/async_launch.h"
-#include "memory/allocation_redirect.h"
-#include "memory/host_alias.h"
 #include "ops/op_tracking.h"
-#include "profiler/device_activity.h"
 
 namespace torchneuron {
 
@@ -32,7 +31,7 @@ struct HostTensorList {
   }  // NOLINT
 };
 
-// One call's device, aliases and argument checks.
+// One call's device and argument checks, and the host form of its arguments.
 class TypedCall {
  public:
   explicit TypedCall(const char* op) : placement_(op) {}
@@ -51,19 +50,17 @@ class TypedCall {
 
   // The host form of an argument: tensors become aliases; everything else passes through.
   template <class T>
-  decltype(auto) to_host(T&& value) {
+  static decltype(auto) to_host(HostKernelCall& call, T&& value) {
     using Plain = std::decay_t<T>;
     if constexpr (std::is_same_v<Plain, at::Tensor>) {
-      return is_device_tensor(value) ? aliases_.alias(value) : at::Tensor(value);
+      return call.to_host(value);
     } else if constexpr (std::is_same_v<Plain, std::optional<at::Tensor>>) {
       if (!value.has_value() || !is_device_tensor(*value)) return std::optional<at::Tensor>(value);
-      return std::optional<at::Tensor>(aliases_.alias(*value));
+      return std::optional<at::Tensor>(call.alias(*value));
     } else if constexpr (std::is_same_v<Plain, at::ITensorListRef>) {
       HostTensorList list;
       list.tensors.reserve(value.size());
-      for (const at::Tensor& t : value) {
-        list.tensors.push_back(is_device_tensor(t) ? aliases_.alias(t) : t);
-      }
+      for (const at::Tensor& t : value) list.tensors.push_back(call.to_host(t));
       return list;
     } else {
       return std::forward<T>(value);
@@ -72,13 +69,10 @@ class TypedCall {
 
   c10::DeviceIndex device() const { return placement_.device(); }
 
-  HostAliasSet& aliases() { return aliases_; }
-
  private:
   void visit_tensor(const at::Tensor& t) { placement_.visit(t); }
 
   DevicePlacement placement_;
-  HostAliasSet aliases_;
 };
 
 template <class T>
@@ -136,40 +130,34 @@ struct TypedHostKernel<Op, Ret(Args...)> {
       }
     }
     wait_for_device_work(counter);
-    std::tuple<typename HostArg<Args>::type...> host(call.to_host(args)...);
+    HostKernelCall host_call(device, &counter);
+    std::tuple<typename HostArg<Args>::type...> host(TypedCall::to_host(host_call, args)...);
     if constexpr (std::is_same_v<Ret, at::Tensor&>) {
       // In place: the kernel writes through the alias; the neuron argument is the result.
-      {
-        const DeviceActivitySpan span(DeviceActivityKind::kKernel, Op::name, device);
-        const DeviceAllocationScope scope(device);
+      host_call.run(Op::name, [&host] {
         std::apply(
             [](auto&... a) { Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), a...); },
             host);
-      }
-      ResultAdopter adopter(call.aliases(), device, &counter);
-      Ret result = write_back_mutable(adopter, host, std::index_sequence_for<Args...>{}, args...);
+      });
+      Ret result = write_back_mutable(host_call, host, std::index_sequence_for<Args...>{}, args...);
       counter.executed.fetch_add(1, std::memory_order_relaxed);
       return result;
     } else {
       static_assert(std::is_same_v<Ret, at::Tensor> || IsTensorTuple<Ret>::value,
                     "typed host kernels return a tensor, a tuple of tensors or a mutable tensor");
-      Ret result;
-      {
-        const DeviceActivitySpan span(DeviceActivityKind::kKernel, Op::name, device);
-        const DeviceAllocationScope scope(device);
-        result = std::apply(
+      Ret result = host_call.run(Op::name, [&host] {
+        return std::apply(
             [](auto&... a) {
               return Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), a...);
             },
             host);
-      }
-      ResultAdopter adopter(call.aliases(), device, &counter);
+      });
       counter.executed.fetch_add(1, std::memory_order_relaxed);
       if constexpr (std::is_same_v<Ret, at::Tensor>) {
-        return adopter.adopt(std::move(result));
+        return host_call.adopt(std::move(result));
       } else {
-        return std::apply([&adopter](auto&... t) { return Ret(adopter.adopt(std::move(t))...); },
-                          result);
+        return std::apply(
+            [&host_call](auto&... t) { return Ret(host_call.adopt(std::move(t))...); }, result);
       }
     }
   }
@@ -200,12 +188,12 @@ struct TypedHostKernel<Op, Ret(Args...)> {
 
   // Writes every mutable tensor argument's alias back and returns the first of them.
   template <class Tuple, size_t... I>
-  static at::Tensor& write_back_mutable(ResultAdopter& adopter, Tuple& host,
+  static at::Tensor& write_back_mutable(HostKernelCall& call, Tuple& host,
                                         std::index_sequence<I...>, Args&... args) {
     at::Tensor* first = nullptr;
     auto visit = [&](auto& original, auto& alias) {
       if constexpr (std::is_same_v<std::remove_reference_t<decltype(original)>, at::Tensor>) {
-        adopter.write_back(original, alias);
+        call.write_back(original, alias);
         if (first == nullptr) first = &original;
       }
     };

@@ -18,10 +18,10 @@
 #include "device/device_placement.h"
 #include "fma_peak.h"
 #include "gemm.h"
+#include "host_kernels/host_kernel_executor.h"
 #include "launch/async_launch.h"
 #include "memory/allocation_redirect.h"
 #include "memory/device_storage.h"
-#include "memory/host_alias.h"
 #include "native/aten_parallel.h"
 #include "native/native_kernel_switch.h"
 #include "op_registrations.h"
@@ -107,24 +107,19 @@ at::Tensor on_host(const char* name, const Args&... args) {
     if constexpr (std::is_same_v<std::decay_t<decltype(value)>, at::Tensor>) placement.visit(value);
   };
   (visit(args), ...);
-  const c10::DeviceIndex device = placement.device();
-  HostAliasSet aliases;
+  HostKernelCall call(placement.device(), &counter);
   auto host = [&](const auto& value) {
     if constexpr (std::is_same_v<std::decay_t<decltype(value)>, at::Tensor>) {
-      return is_device_tensor(value) ? aliases.alias(value) : value;
+      return call.to_host(value);
     } else {
       return value;
     }
   };
-  at::Tensor result;
-  {
-    const DeviceActivitySpan span(DeviceActivityKind::kKernel, name, device);
-    const DeviceAllocationScope scope(device);
-    result = Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), host(args)...);
-  }
-  ResultAdopter adopter(aliases, device, &counter);
+  at::Tensor result = call.run(name, [&] {
+    return Op::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), host(args)...);
+  });
   counter.executed.fetch_add(1, std::memory_order_relaxed);
-  return adopter.adopt(std::move(result));
+  return call.adopt(std::move(result));
 }
 
 at::Tensor native_product(const char* name, OpCounter& counter, const at::Tensor& a,

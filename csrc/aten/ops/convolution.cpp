@@ -4,19 +4,16 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include "memory/allocation_redirect.h"
-#include "memory/host_alias.h"
+#include "host_kernels/host_kernel_executor.h"
 #include "op_registrations.h"
 #include "ops/op_tracking.h"
-#include "profiler/device_activity.h"
 
 namespace torchneuron {
 namespace {
 
-std::optional<at::Tensor> alias_optional(HostAliasSet& aliases,
-                                         const std::optional<at::Tensor>& t) {
+std::optional<at::Tensor> alias_optional(HostKernelCall& call, const std::optional<at::Tensor>& t) {
   if (!t.has_value() || !t->defined()) return std::nullopt;
-  return aliases.alias(*t);
+  return call.alias(*t);
 }
 
 at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
@@ -25,21 +22,15 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
                        c10::IntArrayRef output_padding, int64_t groups) {
   static OpCounter& counter = op_counter_named("aten::convolution_overrideable");
   counter.executed.fetch_add(1, std::memory_order_relaxed);
-  const c10::DeviceIndex device = input.device().index();
-  HostAliasSet aliases;
-  at::Tensor host_input = aliases.alias(input);
-  at::Tensor host_weight = aliases.alias(weight);
-  std::optional<at::Tensor> host_bias = alias_optional(aliases, bias);
-  at::Tensor result;
-  {
-    const DeviceActivitySpan span(DeviceActivityKind::kKernel, "aten::convolution_overrideable",
-                                  device);
-    const DeviceAllocationScope scope(device);
-    result = at::convolution(host_input, host_weight, host_bias, stride, padding, dilation,
-                             transposed, output_padding, groups);
-  }
-  ResultAdopter adopter(aliases, device, &counter);
-  return adopter.adopt(std::move(result));
+  HostKernelCall call(input.device().index(), &counter);
+  at::Tensor host_input = call.alias(input);
+  at::Tensor host_weight = call.alias(weight);
+  std::optional<at::Tensor> host_bias = alias_optional(call, bias);
+  at::Tensor result = call.run("aten::convolution_overrideable", [&] {
+    return at::convolution(host_input, host_weight, host_bias, stride, padding, dilation,
+                           transposed, output_padding, groups);
+  });
+  return call.adopt(std::move(result));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
@@ -48,27 +39,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
     c10::IntArrayRef output_padding, int64_t groups, std::array<bool, 3> output_mask) {
   static OpCounter& counter = op_counter_named("aten::convolution_backward_overrideable");
   counter.executed.fetch_add(1, std::memory_order_relaxed);
-  const c10::DeviceIndex device = input.device().index();
-  HostAliasSet aliases;
-  at::Tensor host_grad = aliases.alias(grad_output);
-  at::Tensor host_input = aliases.alias(input);
-  at::Tensor host_weight = aliases.alias(weight);
+  HostKernelCall call(input.device().index(), &counter);
+  at::Tensor host_grad = call.alias(grad_output);
+  at::Tensor host_input = call.alias(input);
+  at::Tensor host_weight = call.alias(weight);
   std::vector<int64_t> bias_sizes;
   if (output_mask[2]) bias_sizes.push_back(grad_output.size(1));
-  std::tuple<at::Tensor, at::Tensor, at::Tensor> grads;
-  {
-    const DeviceActivitySpan span(DeviceActivityKind::kKernel,
-                                  "aten::convolution_backward_overrideable", device);
-    const DeviceAllocationScope scope(device);
-    grads = at::convolution_backward(
-        host_grad, host_input, host_weight,
-        output_mask[2] ? at::OptionalIntArrayRef(bias_sizes) : at::OptionalIntArrayRef(), stride,
-        padding, dilation, transposed, output_padding, groups, output_mask);
-  }
-  ResultAdopter adopter(aliases, device, &counter);
-  return {adopter.adopt(std::move(std::get<0>(grads))),
-          adopter.adopt(std::move(std::get<1>(grads))),
-          adopter.adopt(std::move(std::get<2>(grads)))};
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> grads =
+      call.run("aten::convolution_backward_overrideable", [&] {
+        return at::convolution_backward(
+            host_grad, host_input, host_weight,
+            output_mask[2] ? at::OptionalIntArrayRef(bias_sizes) : at::OptionalIntArrayRef(),
+            stride, padding, dilation, transposed, output_padding, groups, output_mask);
+      });
+  return {call.adopt(std::move(std::get<0>(grads))), call.adopt(std::move(std::get<1>(grads))),
+          call.adopt(std::move(std::get<2>(grads)))};
 }
 
 }  // namespace

@@ -13,11 +13,10 @@
 #include "device/device_placement.h"
 #include "device/device_state.h"
 #include "host_kernels/host_iterator_kernels.h"
+#include "host_kernels/host_kernel_executor.h"
 #include "launch/async_launch.h"
-#include "memory/allocation_redirect.h"
 #include "memory/caching_allocator.h"
 #include "memory/device_storage.h"
-#include "memory/host_alias.h"
 #include "op_registrations.h"
 #include "ops/op_tracking.h"
 #include "profiler/device_activity.h"
@@ -148,16 +147,13 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
   static OpCounter& counter = op_counter_named("aten::_copy_from");
   count(counter);
   wait_for_device_work(counter);
-  HostAliasSet aliases;
-  const at::Tensor src_host = is_device_tensor(self) ? aliases.alias(self) : self;
-  const at::Tensor dst_host = is_device_tensor(dst) ? aliases.alias(dst) : dst;
-  const c10::DeviceIndex device =
-      is_device_tensor(dst) ? dst.device().index() : self.device().index();
-  const DeviceActivitySpan span(DeviceActivityKind::kMemcpy,
-                                memcpy_activity_name(is_device_tensor(self), is_device_tensor(dst)),
-                                device);
-  const DeviceAllocationScope scope(device);
-  const_cast<at::Tensor&>(dst_host).copy_(src_host);
+  HostKernelCall call(is_device_tensor(dst) ? dst.device().index() : self.device().index(),
+                      nullptr);
+  const at::Tensor src_host = call.to_host(self);
+  const at::Tensor dst_host = call.to_host(dst);
+  call.run(
+      memcpy_activity_name(is_device_tensor(self), is_device_tensor(dst)),
+      [&] { const_cast<at::Tensor&>(dst_host).copy_(src_host); }, DeviceActivityKind::kMemcpy);
   return dst;
 }
 
@@ -187,12 +183,13 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
                                 memcpy_activity_name(is_device_tensor(src), is_device_tensor(self)),
                                 device);
   if (copy_within_device(self, src)) return self;
-  HostAliasSet aliases;
-  at::Tensor dst_host = is_device_tensor(self) ? aliases.alias(self) : self;
-  const at::Tensor src_host = is_device_tensor(src) ? aliases.alias(src) : src;
-  const DeviceAllocationScope scope(device);
-  at::_ops::copy_::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), dst_host, src_host,
-                              false);
+  HostKernelCall call(device, nullptr);
+  at::Tensor dst_host = call.to_host(self);
+  const at::Tensor src_host = call.to_host(src);
+  call.run_without_span([&] {
+    at::_ops::copy_::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU), dst_host, src_host,
+                                false);
+  });
   return self;
 }
 
@@ -211,10 +208,11 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
   static OpCounter& counter = op_counter_named("aten::_local_scalar_dense");
   count(counter);
   wait_for_device_work(counter);
-  HostAliasSet aliases;
+  // Only the alias step of the contract: reading a scalar allocates nothing and adopts nothing.
+  HostKernelCall call(self.device().index(), nullptr);
   const DeviceActivitySpan span(DeviceActivityKind::kMemcpy, memcpy_activity_name(true, false),
-                                self.device().index());
-  return at::_local_scalar_dense(aliases.alias(self));
+                                call.device());
+  return at::_local_scalar_dense(call.alias(self));
 }
 
 // CPU's native_dropout draws from the CPU generator (it has no generator argument); on
@@ -254,17 +252,10 @@ at::Tensor histc(const at::Tensor& self, int64_t bins, const at::Scalar& min,
     return at::histc(self.to(at::kDouble), bins, min, max).to(self.scalar_type());
   }
   wait_for_device_work(counter);
-  const c10::DeviceIndex device = self.device().index();
-  HostAliasSet aliases;
-  at::Tensor host_self = aliases.alias(self);
-  at::Tensor result;
-  {
-    const DeviceActivitySpan span(DeviceActivityKind::kKernel, "aten::histc", device);
-    const DeviceAllocationScope scope(device);
-    result = at::histc(host_self, bins, min, max);
-  }
-  ResultAdopter adopter(aliases, device, &counter);
-  return adopter.adopt(std::move(result));
+  HostKernelCall call(self.device().index(), &counter);
+  at::Tensor host_self = call.alias(self);
+  at::Tensor result = call.run("aten::histc", [&] { return at::histc(host_self, bins, min, max); });
+  return call.adopt(std::move(result));
 }
 
 // Whether `self.data = from` may keep `self`'s TensorImpl (and so its identity) while taking

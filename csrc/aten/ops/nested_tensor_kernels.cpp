@@ -17,17 +17,16 @@
 #include "device/device_placement.h"
 #include "device/device_state.h"
 #include "host_kernels/bulk_registration.h"
-#include "memory/allocation_redirect.h"
-#include "memory/host_alias.h"
+#include "host_kernels/host_kernel_executor.h"
 #include "op_registrations.h"
 
 namespace torchneuron {
 namespace {
 
 // A CPU nested tensor with the nested tensor `t`'s geometry over a host alias of its memory.
-at::Tensor host_nested(const at::Tensor& t, HostAliasSet& aliases) {
+at::Tensor host_nested(const at::Tensor& t, HostKernelCall& call) {
   const auto* impl = at::native::get_nested_tensor_impl(t);
-  at::Tensor memory = aliases.alias(impl->get_unsafe_storage_as_tensor());
+  at::Tensor memory = call.alias(impl->get_unsafe_storage_as_tensor());
   return at::detail::make_tensor<at::native::NestedTensorImpl>(
       memory, impl->get_nested_sizes(), impl->get_nested_strides(), impl->get_storage_offsets());
 }
@@ -35,9 +34,9 @@ at::Tensor host_nested(const at::Tensor& t, HostAliasSet& aliases) {
 // A neuron tensor for a host kernel's result: nested results keep their geometry around
 // their adopted memory; a nested view of a nested argument (narrow, chunk) is a view of it.
 at::Tensor device_result(
-    const at::Tensor& host, ResultAdopter& adopter,
+    const at::Tensor& host, HostKernelCall& call,
     const std::unordered_map<const c10::StorageImpl*, at::Tensor>& nested_arguments) {
-  if (!host.defined() || !host.is_nested()) return adopter.adopt(host);
+  if (!host.defined() || !host.is_nested()) return call.adopt(host);
   const auto* impl = at::native::get_nested_tensor_impl(host);
   auto base = nested_arguments.find(impl->storage().unsafeGetStorageImpl());
   if (base != nested_arguments.end()) {
@@ -45,7 +44,7 @@ at::Tensor device_result(
         c10::TensorImpl::VIEW, base->second, impl->get_nested_sizes(), impl->get_nested_strides(),
         impl->get_storage_offsets());
   }
-  at::Tensor memory = adopter.adopt(impl->get_unsafe_storage_as_tensor());
+  at::Tensor memory = call.adopt(impl->get_unsafe_storage_as_tensor());
   return at::detail::make_tensor<at::native::NestedTensorImpl>(
       memory, impl->get_nested_sizes(), impl->get_nested_strides(), impl->get_storage_offsets());
 }
@@ -88,13 +87,13 @@ void run_nested_on_host_kernels(const c10::OperatorHandle& op, torch::jit::Stack
     device = placement.device();
   }
 
-  HostAliasSet aliases;
+  HostKernelCall call(device, nullptr);
   // A result that is an argument's own host stand-in (in-place ops) is that argument.
   std::unordered_map<const c10::TensorImpl*, c10::IValue> stands_for;
   std::unordered_map<const c10::StorageImpl*, at::Tensor> nested_arguments;  // by host storage
   auto to_host_tensor = [&](const at::Tensor& t) -> at::Tensor {
     if (!is_device_tensor(t)) return t;
-    at::Tensor host = t.is_nested() ? host_nested(t, aliases) : aliases.alias(t);
+    at::Tensor host = t.is_nested() ? host_nested(t, call) : call.alias(t);
     stands_for.emplace(host.unsafeGetTensorImpl(), t);
     if (t.is_nested()) nested_arguments.emplace(host.storage().unsafeGetStorageImpl(), t);
     return host;
@@ -117,12 +116,8 @@ void run_nested_on_host_kernels(const c10::OperatorHandle& op, torch::jit::Stack
     op.redispatchBoxed(host_keys, stack);
     return;
   }
-  {
-    DeviceAllocationScope scope(device);
-    op.redispatchBoxed(host_keys, stack);
-  }
+  call.run_without_span([&] { op.redispatchBoxed(host_keys, stack); });
 
-  ResultAdopter adopter(aliases, device, nullptr);
   const size_t returns_first = stack->size() - schema.returns().size();
   for (size_t j = returns_first; j < stack->size(); ++j) {
     c10::IValue& value = (*stack)[j];
@@ -130,11 +125,11 @@ void run_nested_on_host_kernels(const c10::OperatorHandle& op, torch::jit::Stack
       auto argument = stands_for.find(value.toTensor().unsafeGetTensorImpl());
       value = argument != stands_for.end()
                   ? argument->second
-                  : c10::IValue(device_result(value.toTensor(), adopter, nested_arguments));
+                  : c10::IValue(device_result(value.toTensor(), call, nested_arguments));
     } else if (value.isTensorList()) {
       c10::List<at::Tensor> converted;
       for (const at::Tensor& t : value.toTensorList()) {
-        converted.push_back(device_result(t, adopter, nested_arguments));
+        converted.push_back(device_result(t, call, nested_arguments));
       }
       value = std::move(converted);
     }
