@@ -159,16 +159,6 @@ def test_minimax_h3_transformer_compiles_once_per_layout() -> None:
     assert torch.neuron.get_dynamo_metrics()["compiles"] - before == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RuntimeError,
-    reason=(
-        "backend: aten::_index_put_impl_ refuses a CPU self with neuron indices (CUDA moves the "
-        "indices to the host, ATen make_info); MiniMaxH3SetTimestepsStep.build_row_timesteps "
-        "writes a CPU row-timestep tensor at the layout's device indices. Repro: "
-        "x = torch.zeros(4); x[torch.tensor([1], device='neuron')] = 5.0"
-    ),
-)
 def test_minimax_h3_pipeline_eager_matches_cpu() -> None:
     """The whole t2va modular pipeline (text encoder, denoising loop, video and audio decoders;
     tests/support/diffusers_fixtures.py::build_minimax_h3) on neuron with a neuron generator

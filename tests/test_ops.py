@@ -332,3 +332,29 @@ def test_nn_op(name):
     torch.manual_seed(0)
     fn, factory = NN[name]
     check(fn, factory(), NN_TOLERANCE.get(name))
+
+
+def test_index_put_into_a_cpu_tensor_at_neuron_indices() -> None:
+    """`cpu[neuron_indices] = v` writes on the CPU, as ATen does for CUDA indices (it moves
+    the indices, and a 0-dim value, to the indexed tensor's device); Diffusers' MiniMax-H3
+    pipeline does this on every request. Values of more dimensions on the device are refused,
+    as CUDA's iterator refuses them."""
+    index = torch.tensor([1, 4])
+    cases = [
+        lambda x, i: x.__setitem__(i, 5.0),
+        lambda x, i: x.__setitem__(i, torch.tensor(2.0, device=i.device)),
+        lambda x, i: x.index_put_((i,), torch.tensor([1.0, 3.0]), accumulate=True),
+        lambda x, i: x.__setitem__(torch.arange(6, device=i.device) > 2, -1.0),  # a mask
+    ]
+    for case in cases:
+        expected, got = torch.arange(6.0), torch.arange(6.0)
+        case(expected, index)
+        case(got, index.to("neuron"))
+        assert got.device.type == "cpu" and torch.equal(got, expected)
+    rows, cols = torch.tensor([0, 1]), torch.tensor([2, 0])
+    expected, got = torch.zeros(2, 3), torch.zeros(2, 3)
+    expected[rows, cols] = torch.tensor([7.0, 8.0])
+    got[rows.to("neuron"), cols.to("neuron")] = torch.tensor([7.0, 8.0])
+    assert torch.equal(got, expected)
+    with pytest.raises(RuntimeError, match="argument 'values' of aten::_index_put_impl_"):
+        torch.zeros(6)[index.to("neuron")] = torch.tensor([7.0, 8.0], device="neuron")

@@ -39,6 +39,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   register_native_gemm(m);
   register_native_isin(m);
   register_device_tensor_ops(m);
+  register_index_put_host_self(m);
   register_native_row_ops(m);
   register_recurrent_cells(m);
   register_recurrent_layers(m);

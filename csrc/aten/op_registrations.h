@@ -34,6 +34,7 @@ void register_native_gather_ops(torch::Library& m);           // native/
 void register_native_gemm(torch::Library& m);                 // native/
 void register_native_isin(torch::Library& m);                 // native/
 void register_device_tensor_ops(torch::Library& m);           // ops/
+void register_index_put_host_self(torch::Library& m);         // ops/
 void register_native_row_ops(torch::Library& m);              // native/
 void register_varlen_attention(torch::Library& m);            // attention/
 // Also under AutogradPrivateUse1 (the CPU's algorithm records its own graph).
