@@ -1,3 +1,5 @@
+// The staging copies of the collectives (bulk_copy.h): streaming stores for large copies out
+// of another core's cache lines, memcpy for small ones.
 #include "bulk_copy.h"
 
 #include <algorithm>

@@ -1,3 +1,5 @@
+// The reductions of the collectives (element_ops.h), element by element, and the choice of the
+// AVX2 or AVX-512 version by the host's instruction-set level.
 #include "element_ops.h"
 
 #include <stdexcept>

@@ -1,3 +1,4 @@
+// Named POSIX shared-memory segments (shm_segment.h): created or opened, mapped, unlinked.
 #include "shm_segment.h"
 
 #include <fcntl.h>

@@ -1,3 +1,5 @@
+// The one-pass SUM of two sources with streaming stores (streaming_sum.h), element by element,
+// and the choice of the AVX2 version where the host has it.
 #include "streaming_sum.h"
 
 #include <cstdint>

@@ -1,3 +1,5 @@
+// CPUID and the OS's saved-state mask read once (cpu_features.h): the host's instruction-set
+// level, the one definition of it every kernel family uses, and its TORCHNEURON_KERNEL_ISA cap.
 #include "cpu_features.h"
 
 #include <cstdlib>

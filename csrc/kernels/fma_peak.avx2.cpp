@@ -1,3 +1,4 @@
+// The AVX2 loop of fma_peak_flops(): independent float32 fused multiply-adds, no memory traffic.
 #include <immintrin.h>
 
 #include "fma_peak_isa.h"

@@ -1,3 +1,5 @@
+// The AVX-512 loop of fma_peak_flops(): independent float32 fused multiply-adds, no memory
+// traffic.
 #include <immintrin.h>
 
 #include "fma_peak_isa.h"

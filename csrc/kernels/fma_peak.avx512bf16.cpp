@@ -1,3 +1,4 @@
+// The AVX512-BF16 loop of fma_peak_flops(): independent bf16 dot products (vdpbf16ps).
 #include <immintrin.h>
 
 #include "fma_peak_isa.h"

@@ -1,3 +1,5 @@
+// Integer membership, torch.isin's kernel (membership.h): a compare per test value for few
+// values, a search among them sorted for more.
 #include "membership.h"
 
 #include <algorithm>

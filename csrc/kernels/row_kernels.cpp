@@ -1,3 +1,5 @@
+// The row kernels' table for an instruction-set level (row_kernels.h), and the per-thread
+// scratch rows they share.
 #include "row_kernels.h"
 
 #include <vector>

@@ -1,3 +1,5 @@
+// Byte counts printed ("2.00 GiB") and parsed ("1.5GiB") for the runtime's messages and
+// environment variables (bytes.h).
 #include "bytes.h"
 
 #include <cctype>

@@ -1,3 +1,5 @@
+// The built-in chip profiles (trn1, trn2, trn3) from AWS's published figures, and the
+// nrt_chip_profile_* calls that list and find them.
 #include "chip_profile.h"
 
 #include <cctype>

@@ -1,3 +1,5 @@
+// Device memory (device_memory.h): each device's arena of host memory with exact capacity
+// accounting, and the nrt_mem_* calls, shared memory included.
 #include "device_memory.h"
 
 #include <fcntl.h>

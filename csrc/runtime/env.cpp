@@ -1,3 +1,4 @@
+// Reading the environment (env.h): variables, trimmed text and bounded integers.
 #include "env.h"
 
 #include <cstdlib>

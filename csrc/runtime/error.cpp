@@ -1,3 +1,5 @@
+// The runtime's per-thread error state (error.h): the last failure's message, and the names
+// of status codes.
 #include "error.h"
 
 #include <utility>

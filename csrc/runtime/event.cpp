@@ -1,3 +1,5 @@
+// Events (event.h): recorded at a position of a stream's work, completed with a timestamp when
+// the stream reaches it; the nrt_event_* calls.
 #include "event.h"
 
 #include <string>

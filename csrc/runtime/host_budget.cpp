@@ -1,3 +1,4 @@
+// The process-wide host-memory budget every device's arena draws from (host_budget.h).
 #include "host_budget.h"
 
 #include <unistd.h>

@@ -1,3 +1,5 @@
+// Shareable host memory as sealed memory files (shared_file.h): created, sized, mapped and
+// checked when another process maps them.
 #include "shared_file.h"
 
 #include <fcntl.h>

@@ -1,3 +1,5 @@
+// Streams (stream.h): in-order queues with a worker thread each (or inline under
+// NEURON_LAUNCH_BLOCKING=1), and the nrt_stream_* calls.
 #include "stream.h"
 
 #include <algorithm>

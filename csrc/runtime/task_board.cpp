@@ -1,3 +1,5 @@
+// The task board (task_board.h): a running kernel's tasks offered to the threads that would
+// otherwise wait for it.
 #include "task_board.h"
 
 #include <chrono>

@@ -1,3 +1,5 @@
+// The visible logical cores (topology.h) from NEURON_PLATFORM_TARGET_OVERRIDE,
+// NEURON_LOGICAL_NC_CONFIG, TORCHNEURON_CHIPS and NEURON_RT_VISIBLE_CORES.
 #include "topology.h"
 
 #include <cstdio>

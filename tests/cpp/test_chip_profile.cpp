@@ -1,3 +1,4 @@
+// Tests of the built-in chip profiles: their order, lookup by name, and each chip's figures.
 #include <gtest/gtest.h>
 
 #include <cstring>

@@ -1,3 +1,5 @@
+// Tests of the runtime's copies and memset: host/device round trips, across devices, overlap,
+// stream order and argument validation.
 #include <cstdint>
 #include <cstring>
 #include <numeric>

@@ -1,3 +1,5 @@
+// Tests of device memory: exact accounting, out-of-memory messages, and the host budget shared
+// by every device.
 #include <unistd.h>
 
 #include <cstdint>

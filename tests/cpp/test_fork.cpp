@@ -1,3 +1,5 @@
+// Tests of fork detection: a child of an initialised runtime is a bad fork; before
+// initialisation or after a reset it is not.
 #include <sys/wait.h>
 #include <unistd.h>
 

@@ -1,3 +1,5 @@
+// Tests of streams and events: launch order, asynchronous and blocking launches, waits,
+// queries and the errors of misuse.
 #include <atomic>
 #include <chrono>
 #include <thread>

@@ -1,3 +1,5 @@
+// Tests of the topology read from the environment: chips, logical-core grouping and visible
+// cores, and the reasons given for malformed values.
 #include <string>
 #include <thread>
 #include <vector>

@@ -1,3 +1,5 @@
+// The calling thread's current neuron device and the visible device count (device_state.h),
+// with the checks of device indices the rest of csrc/aten uses.
 #include "device/device_state.h"
 
 #include <c10/util/Exception.h>

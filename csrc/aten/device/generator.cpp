@@ -1,3 +1,5 @@
+// The per-device random generators (generator.h): each wraps a CPU engine whose state is the
+// device's RNG state.
 #include "device/generator.h"
 
 #include <ATen/CPUGeneratorImpl.h>

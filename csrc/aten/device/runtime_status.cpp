@@ -1,3 +1,5 @@
+// Runtime status codes turned into PyTorch errors carrying the runtime's message
+// (runtime_status.h).
 #include "device/runtime_status.h"
 
 #include <string>

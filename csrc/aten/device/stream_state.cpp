@@ -1,3 +1,5 @@
+// The current neuron stream per thread and device, and c10::Stream over the runtime's streams
+// (stream_state.h).
 #include "device/stream_state.h"
 
 #include <array>

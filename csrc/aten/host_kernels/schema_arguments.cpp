@@ -1,3 +1,5 @@
+// What an op's schema says about its tensor arguments (schema_arguments.h): which are written,
+// which results alias which arguments.
 #include "host_kernels/schema_arguments.h"
 
 namespace torchneuron {

@@ -1,3 +1,5 @@
+// Asynchronous launches (async_launch.h): results allocated up front from the meta kernel's
+// shapes, the op queued on its stream's worker, and the waits before the host reads memory.
 #include "launch/async_launch.h"
 
 #include <ATen/Parallel.h>

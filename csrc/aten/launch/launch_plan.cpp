@@ -1,3 +1,5 @@
+// Which ops may launch asynchronously and what a launch needs to know about each, derived once
+// per op from its schema and tags (launch_plan.h).
 #include "launch/launch_plan.h"
 
 #include <memory>

@@ -1,3 +1,5 @@
+// The shapes, strides and dtypes of an asynchronous launch's results, from the op's meta
+// kernel, cached per thread and argument signature (launch_spec.h).
 #include "launch/launch_spec.h"
 
 #include <c10/core/StorageImpl.h>

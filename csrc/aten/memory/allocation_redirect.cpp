@@ -1,3 +1,5 @@
+// The CPU allocator wrapper installed at load time, and the thread-local device it serves
+// allocations from while a host kernel runs (allocation_redirect.h).
 #include "memory/allocation_redirect.h"
 
 #include <c10/core/CPUAllocator.h>

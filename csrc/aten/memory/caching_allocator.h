@@ -66,6 +66,9 @@ class ReservedAllocations {
   c10::StreamId previous_pool_;
 };
 
+// Sizes in the out-of-memory message ("512 bytes", "2.00 GiB"). Not nrt::format_bytes
+// (csrc/runtime/bytes.h): that one prints "512 B" and goes on to PiB and EiB, so sharing it
+// would change the message's text.
 std::string format_bytes(uint64_t bytes);
 
 }  // namespace torchneuron

@@ -1,3 +1,5 @@
+// Neuron storages grown in place and fresh device tensors for native kernels' results
+// (device_storage.h).
 #include "memory/device_storage.h"
 
 #include <ATen/EmptyTensor.h>

@@ -1,3 +1,5 @@
+// CPU aliases of neuron tensors and the adoption of host results as neuron tensors
+// (host_alias.h): step (1) and (3) of the host-kernel contract.
 #include "memory/host_alias.h"
 
 #include <c10/core/StorageImpl.h>

@@ -1,3 +1,4 @@
+// The pinned host allocator (host_allocator.h): page-locked blocks cached by size.
 #include "memory/host_allocator.h"
 
 #include <sys/mman.h>

@@ -1,3 +1,5 @@
+// Neuron storages in shared device memory (shared_storage.h): share_memory_() and the
+// handles torch.multiprocessing passes between processes.
 #include "memory/shared_storage.h"
 
 #include <c10/core/StorageImpl.h>

@@ -1,3 +1,5 @@
+// TORCHNEURON_NATIVE_KERNELS, the on/off switch of our own kernels, and their run counts
+// (native_kernel_switch.h).
 #include "native/native_kernel_switch.h"
 
 #include <c10/util/Exception.h>

@@ -1,3 +1,5 @@
+// The per-op counters behind get_executed_ops, get_fallback_ops and get_synchronizing_ops
+// (op_tracking.h).
 #include "ops/op_tracking.h"
 
 #include <memory>

@@ -1,3 +1,5 @@
+// The device timeline's recorder (device_activity.h): spans of kernels and copies kept while a
+// profiler traces, handed to it when the trace stops.
 #include "profiler/device_activity.h"
 
 #include <chrono>
