@@ -45,8 +45,16 @@ fi
 
 say "building the C++ extension and installing torchneuron (incremental)"
 start=$(date +%s)
-"$PY" -m pip install --progress-bar off --no-build-isolation --no-deps -e . \
-  -v 2>&1 | grep -E --line-buffered '^\s*\[[0-9]+/[0-9]+\]|error|Error' || true
+# The build's exit status decides, not the import below: after a failed build the previous
+# extension would still import.
+log="build/bootstrap-build.log"
+mkdir -p build
+if ! "$PY" -m pip install --progress-bar off --no-build-isolation --no-deps -e . -v 2>&1 |
+  tee "$log" | { grep -E --line-buffered '^\s*\[[0-9]+/[0-9]+\]' || true; }; then
+  grep -E 'error|Error' "$log" | head -n 40 >&2 || true
+  echo "error: the torchneuron extension did not build (whole log: $log)" >&2
+  exit 1
+fi
 "$PY" -c "import torchneuron._C" || {
   echo "error: the torchneuron extension did not build; rerun with: $PY -m pip install --no-build-isolation -e . -v" >&2
   exit 1
