@@ -178,7 +178,7 @@ def _threads_text() -> str:
 
 
 def _launch_mode() -> str:
-    """How neuron ops launch in this run (csrc/aten/async_launch.h)."""
+    """How neuron ops launch in this run (csrc/aten/launch/async_launch.h)."""
     import torchneuron
 
     if torchneuron._C._launch_blocking():

@@ -1,4 +1,4 @@
-"""Asynchronous launches (csrc/aten/async_launch.h): ops run on their stream's worker.
+"""Asynchronous launches (csrc/aten/launch/async_launch.h): ops run on their stream's worker.
 
 References: the CPU's result of the same computation, and the blocking mode
 (NEURON_LAUNCH_BLOCKING=1, in a subprocess) for where an error surfaces. Tests that need

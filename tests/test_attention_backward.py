@@ -1,4 +1,4 @@
-"""The flash-attention backward on neuron (csrc/aten/attention_backward_widened.cpp).
+"""The flash-attention backward on neuron (csrc/aten/attention/attention_backward_widened.cpp).
 
 On hosts without native bf16 its bf16 form (from 16 x 16 x 32 per head) widens the operands
 to float32, runs the float32 backward and rounds the gradients once; elsewhere, below that

@@ -1,4 +1,4 @@
-"""The fused attention ops on neuron (csrc/aten/fused_attention.cpp) and what uses them.
+"""The fused attention ops on neuron (csrc/aten/attention/fused_attention.cpp) and what uses them.
 
 aten::_scaled_dot_product_flash_attention and _scaled_dot_product_efficient_attention, forward
 and backward: without dropout they run the CPU's flash kernel, so outputs, logsumexp and

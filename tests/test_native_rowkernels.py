@@ -1,4 +1,5 @@
-"""Native row kernels on neuron (csrc/kernels/row_kernels.h via csrc/aten/native_row_ops.cpp).
+"""Native row kernels on neuron (csrc/kernels/row_kernels.h via
+csrc/aten/native/native_row_ops.cpp).
 
 softmax, log_softmax and their backward, and silu and its backward, run our own kernels for
 contiguous float32/bfloat16 tensors reduced over the last dimension, except bfloat16

@@ -1,4 +1,5 @@
-"""Native decode attention (csrc/kernels/sdpa_decode.h via csrc/aten/native_attention_decode.cpp).
+"""Native decode attention (csrc/kernels/sdpa_decode.h via
+csrc/aten/native/native_attention_decode.cpp).
 
 F.scaled_dot_product_attention on neuron reaches aten::_scaled_dot_product_flash_attention_for_cpu;
 queries of up to 8 rows in float32/bfloat16 run our kernel, everything else PyTorch's CPU flash

@@ -1,5 +1,5 @@
 """Nested tensors on neuron run PyTorch's nested kernels for the CPU over device memory
-(csrc/aten/nested_tensor_kernels.cpp); results are checked against the CPU, bitwise."""
+(csrc/aten/ops/nested_tensor_kernels.cpp); results are checked against the CPU, bitwise."""
 
 from __future__ import annotations
 

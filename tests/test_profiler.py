@@ -37,7 +37,7 @@ def _workload() -> torch.Tensor:
 
 
 def _may_launch_asynchronously(argument_bytes: int) -> bool:
-    # The rule of csrc/aten/async_launch.h: asynchronous unless NEURON_LAUNCH_BLOCKING=1, for
+    # The rule of csrc/aten/launch/async_launch.h: asynchronous unless NEURON_LAUNCH_BLOCKING=1, for
     # ops of at least TORCHNEURON_ASYNC_MIN_BYTES (or any op while work is pending).
     if torchneuron._C._launch_blocking():
         return False

@@ -4,7 +4,7 @@ A packaged model is a shared library with C++ entry points that PyTorch's runtim
 with tensors; it has no Python to run ``torch.neuron`` code in. The design follows
 ``backend="neuron"``: the program is emitted as a *CPU* program (CPU kernels, CPU C-shim
 calls, CPU allocations, constants in host memory), and the ``neuron`` model runner
-registered by the C++ extension (csrc/aten/aoti_runner.cpp) runs it over CPU aliases of
+registered by the C++ extension (csrc/aten/compile/aoti_runner.cpp) runs it over CPU aliases of
 the neuron inputs with every allocation served from device memory, then hands the outputs
 back as neuron tensors without a copy. Device memory is host-addressable, so this is the
 device's own execution model, not a detour through the CPU.
@@ -30,7 +30,7 @@ NEURON = "neuron"
 # C function every neuron package exports: one character per output, '1' where the output
 # is a host scalar (a size returned by the program, which AOTInductor returns as a CPU
 # tensor on every device), '0' where it is a tensor for the neuron device. The runner in
-# csrc/aten/aoti_runner.cpp reads it; keep the two in step.
+# csrc/aten/compile/aoti_runner.cpp reads it; keep the two in step.
 HOST_OUTPUTS_SYMBOL = "torchneuron_aoti_host_outputs"
 
 # The CppWrapperCpu methods overridden below and their parameters (self excluded).

@@ -145,7 +145,7 @@ def _build_codegen_classes() -> tuple[type, type]:
     class WaitsBeforeHostKernels:
         """Calls Inductor's C++ kernels directly, as it does for the CPU, after a wait for
         launched work. The extern kernels and fallbacks the wrapper calls are neuron ops,
-        which launch asynchronously on the stream (csrc/aten/async_launch.h), while a C++
+        which launch asynchronously on the stream (csrc/aten/launch/async_launch.h), while a C++
         kernel reads and writes device memory at once on this thread: without the wait it
         reads a product before the stream wrote it, or overwrites a buffer still being
         read. The wait costs one atomic load when nothing is pending."""

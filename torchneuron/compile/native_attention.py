@@ -5,11 +5,11 @@ memory, so their attention calls the CPU's flash kernel
 (``aten._scaled_dot_product_flash_attention_for_cpu``), which Inductor runs as an extern
 kernel. :func:`use_native_decode_attention` retargets the nodes whose queries have at most
 8 rows (a decode step against a static KV cache: the path Transformers compiles on neuron)
-to ``torchneuron::native_sdpa_decode`` (C++, csrc/aten/native_attention_decode.cpp), which
+to ``torchneuron::native_sdpa_decode`` (C++, csrc/aten/native/native_attention_decode.cpp), which
 runs the native kernel where it applies and the CPU kernel otherwise. The eager neuron op
 takes the same kernel. :func:`use_widened_attention_backward` retargets bf16 backward nodes
-to ``torchneuron::sdpa_backward_widened`` (csrc/aten/attention_backward_widened.cpp), which
-on hosts without native bf16 computes large ones in float32, as the eager neuron op does.
+to ``torchneuron::sdpa_backward_widened``
+(csrc/aten/attention/attention_backward_widened.cpp), which on hosts without native bf16 computes large ones in float32, as the eager neuron op does.
 ``TORCHNEURON_NATIVE_KERNELS=0`` leaves graphs alone.
 """
 

@@ -4,7 +4,7 @@ Graphs compiled by the neuron backend are Inductor CPU code run over host aliase
 memory, so their matmuls would call the CPU's ``aten.mm``. :func:`use_native_gemm` retargets
 an ATen graph's float32/bfloat16 ``aten.mm``/``addmm``/``bmm`` nodes that the native GEMM is
 preferred for (:func:`native_gemm_preferred`) to the custom ops
-``torchneuron::native_mm``/``native_addmm``/``native_bmm`` (C++, csrc/aten/native_gemm.cpp),
+``torchneuron::native_mm``/``native_addmm``/``native_bmm`` (C++, csrc/aten/native/native_gemm.cpp),
 which Inductor calls as extern kernels. ``TORCHNEURON_NATIVE_KERNELS=0`` leaves graphs alone.
 """
 

@@ -3,7 +3,7 @@
 Hugging Face's SiLU-gated MLP computes ``act_fn(gate_proj(x)) * up_proj(x)``: two
 elementwise ops with no single aten op. Dynamo captures it as ``F.silu(a)`` feeding
 ``operator.mul``; this pass replaces the pair by ``torch.ops.torchneuron.silu_mul(a, b)``
-(csrc/aten/native_gated_mlp_ops.cpp), before AOT Autograd, so forward and backward graphs
+(csrc/aten/native/native_gated_mlp_ops.cpp), before AOT Autograd, so forward and backward graphs
 both call our kernel (its autograd formula is registered here). Inductor then calls it as an
 extern kernel. Why only where both operands have one shape and a float32/bfloat16 dtype:
 that is what the kernel takes; broadcasting gates stay Inductor's. Why it costs no fusion:

@@ -86,7 +86,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_backward(
 }
 
 // torchneuron::sdpa_backward_widened: the op compiled graphs call in place of the bf16
-// backward (torchneuron/native_attention.py), over host memory; the CPU kernel where
+// backward (torchneuron/compile/native_attention.py), over host memory; the CPU kernel where
 // widening does not apply.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> host_backward(
     const at::Tensor& grad_out, const at::Tensor& query, const at::Tensor& key,

@@ -1,5 +1,5 @@
 // AOTInductor model runner for packages compiled from programs on neuron tensors. The
-// package's C++ is a CPU program (torchneuron/inductor_aot.py writes the neuron device as
+// package's C++ is a CPU program (torchneuron/compile/inductor_aot.py writes the neuron device as
 // the CPU); device memory is host-addressable, so this runner calls it on CPU aliases of
 // the neuron inputs with its allocations served from device memory, and the outputs come
 // back as neuron tensors without a copy: the contract of compiled_graph_call.cpp, for a
@@ -20,7 +20,7 @@ namespace torchneuron {
 namespace {
 
 constexpr const char* kDeviceKey = "neuron";
-// Exported by every neuron package (torchneuron/inductor_aot.py, HOST_OUTPUTS_SYMBOL): one
+// Exported by every neuron package (torchneuron/compile/inductor_aot.py, HOST_OUTPUTS_SYMBOL): one
 // character per output, '1' for a host scalar (a size the program returns, a CPU tensor on
 // every device), '0' for a tensor of the neuron device.
 constexpr const char* kHostOutputsSymbol = "torchneuron_aoti_host_outputs";

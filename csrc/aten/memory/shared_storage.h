@@ -1,5 +1,5 @@
 // Neuron storages in memory other processes can map: what torch.multiprocessing needs to pass
-// a neuron tensor by reference (torchneuron/tensor_sharing.py). The memory is the runtime's
+// a neuron tensor by reference (torchneuron/device/tensor_sharing.py). The memory is the runtime's
 // shared device memory (nrt_mem_alloc_shared): a memory file whose descriptor is the handle.
 #pragma once
 

@@ -206,7 +206,7 @@ std::tuple<at::Tensor, at::Tensor> flash_attention(const at::Tensor& query, cons
 }
 
 // torchneuron::native_sdpa_decode: the op compiled graphs call in place of
-// aten::_scaled_dot_product_flash_attention_for_cpu (torchneuron/native_attention.py), over
+// aten::_scaled_dot_product_flash_attention_for_cpu (torchneuron/compile/native_attention.py), over
 // host memory; what the native kernel does not take runs the CPU kernel.
 std::tuple<at::Tensor, at::Tensor> host_sdpa_decode(const at::Tensor& query, const at::Tensor& key,
                                                     const at::Tensor& value, double dropout_p,

@@ -1,7 +1,7 @@
 // torchneuron::silu_mul(gate, up) = silu(gate) * up, the SiLU-gated MLP's elementwise part,
 // and its backward, on our own kernel (csrc/kernels/row_kernels.h). No aten op computes
 // the pair, so eager code never reaches it: the neuron compile backend puts it into graphs
-// (torchneuron/compile_rewrites.py), whose host code calls it on CPU aliases of device
+// (torchneuron/compile/rewrites.py), whose host code calls it on CPU aliases of device
 // memory; hence the CPU and PrivateUse1 kernels are one function. Its autograd formula is
 // registered from Python (compile_rewrites.py). Shapes or dtypes the kernel does not take
 // compute silu(gate) * up with aten ops, so the op is defined for every input.

@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
-# The caching allocator's rounding (csrc/aten/caching_allocator.cpp).
+# The caching allocator's rounding (csrc/aten/memory/caching_allocator.cpp).
 _MIN_BLOCK = 512
 _SMALL_SIZE = 1 << 20
 _MIN_LARGE_ALLOC = 10 << 20
