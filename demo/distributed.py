@@ -33,7 +33,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM
     from transformers.distributed import DistributedConfig
 
-
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))

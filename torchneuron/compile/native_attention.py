@@ -9,7 +9,8 @@ to ``torchneuron::native_sdpa_decode`` (C++, csrc/aten/native/native_attention_d
 runs the native kernel where it applies and the CPU kernel otherwise. The eager neuron op
 takes the same kernel. :func:`use_widened_attention_backward` retargets bf16 backward nodes
 to ``torchneuron::sdpa_backward_widened``
-(csrc/aten/attention/attention_backward_widened.cpp), which on hosts without native bf16 computes large ones in float32, as the eager neuron op does.
+(csrc/aten/attention/attention_backward_widened.cpp), which on hosts without native bf16
+computes large ones in float32, as the eager neuron op does.
 ``TORCHNEURON_NATIVE_KERNELS=0`` leaves graphs alone.
 """
 

@@ -44,9 +44,7 @@ def _nc_matmul_legacy(
 
 
 @instruction("tensor")
-def nc_transpose(
-    dst: Tile, data: Tile, engine: Any = None, mask: Any = None, **_: Any
-) -> None:
+def nc_transpose(dst: Tile, data: Tile, engine: Any = None, mask: Any = None, **_: Any) -> None:
     """dst = data.T (partition and free dimension swapped); Tensor Engine writes PSUM."""
     data = on_chip_operand(data, "nisa.nc_transpose")
     if len(data.shape) != 2 or data.shape[0] > PARTITIONS or data.shape[1] > PARTITIONS:
