@@ -3,8 +3,9 @@
 csrc/aten/host_kernels/host_iterator_kernels.cpp hands a TensorIterator over neuron tensors
 straight to the op's CPU DispatchStub for floating operands of one dtype on one device; every
 other call takes the typed host kernel over aliases. The reference is CPU eager on the same
-inputs: the loop is the CPU's own, so results must be bit for bit equal (rtol=0, atol=0), errors must
-carry the CPU's message, and which path ran is read from the "cpu_loop <op>" run counters.
+inputs: the loop is the CPU's own, so results must be bit for bit equal (rtol=0, atol=0),
+errors must carry the CPU's message, and which path ran is read from the "cpu_loop <op>" run
+counters.
 Also run in both launch modes by scripts/test.sh.
 """
 
