@@ -353,3 +353,38 @@ def test_varlen_attn_refuses_what_it_does_not_support() -> None:
         )  # fmt: skip
     with pytest.raises(RuntimeError, match="dropout"):
         aten._flash_attention_forward(q, k, v, cu, cu, 6, 6, 0.5, False, False)
+
+
+def test_varlen_attn_compiled_equals_eager() -> None:
+    """varlen_attn in a graph compiled by the neuron backend (forward and backward): the graph
+    runs on the host, where torch_attn's implementation would find no CPU flash kernel; the
+    backend points it at neuron's implementation (compile/varlen_attention.py). Not bitwise:
+    eager neuron runs sequences of at most 8 queries on the native decode kernel, the host
+    graph the CPU's flash kernel; both are within float32 rounding of each other."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    heads, kv_heads, dim = 4, 2, 8
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(sum(LENGTHS_Q), heads, dim, generator=g)
+    k = torch.randn(sum(LENGTHS_K), kv_heads, dim, generator=g)
+    v = torch.randn(sum(LENGTHS_K), kv_heads, dim, generator=g)
+    cu_q = torch.tensor([0, *torch.tensor(LENGTHS_Q).cumsum(0).tolist()], dtype=torch.int32)
+    cu_k = torch.tensor([0, *torch.tensor(LENGTHS_K).cumsum(0).tolist()], dtype=torch.int32)
+    cu_q, cu_k = cu_q.to("neuron"), cu_k.to("neuron")
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out = varlen_attn(
+            q, k, v, cu_q, cu_k, max(LENGTHS_Q), max(LENGTHS_K),
+            window_size=(3, 0), enable_gqa=True,
+        )  # fmt: skip
+        return out * 2.0
+
+    results = []
+    torch._dynamo.reset()
+    for fn in (attend, torch.compile(attend, backend="neuron", fullgraph=True)):
+        qd, kd, vd = on_neuron(q, k, v, grad=True)
+        out = fn(qd, kd, vd)
+        out.sum().backward()
+        results.append([t.detach().cpu() for t in (out, qd.grad, kd.grad, vd.grad)])
+    for eager, compiled in zip(*results, strict=True):
+        torch.testing.assert_close(compiled, eager, **TOL[torch.float32])

@@ -12,6 +12,7 @@ TORCH_LIBRARY(torchneuron, m) {
   define_native_attention_decode_ops(m);
   define_gated_mlp_ops(m);
   define_native_gemm_ops(m);
+  define_varlen_attention_ops(m);
 }
 
 TORCH_LIBRARY_IMPL(torchneuron, CPU, m) {
@@ -19,6 +20,7 @@ TORCH_LIBRARY_IMPL(torchneuron, CPU, m) {
   register_native_attention_decode_cpu(m);
   register_gated_mlp_ops_cpu(m);
   register_native_gemm_ops_cpu(m);
+  register_varlen_attention_cpu(m);
 }
 
 TORCH_LIBRARY_IMPL(torchneuron, PrivateUse1, m) {

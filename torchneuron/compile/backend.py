@@ -46,6 +46,7 @@ from .neff_cache import (
     cache_dir,
 )
 from .rewrites import rewrite_silu_mul
+from .varlen_attention import use_host_varlen_attention
 
 log = logging.getLogger("torchneuron.compile")
 
@@ -535,6 +536,7 @@ def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kw
     use_native_gemm(gm)  # matmuls: the native GEMM instead of the CPU's
     use_native_decode_attention(gm)  # decode attention: the native kernel (native_attention.py)
     use_widened_attention_backward(gm)  # bf16 attention backward: float32 where bf16 is emulated
+    use_host_varlen_attention(gm)  # varlen_attn: neuron's implementation, on the host
     compiled = _compile_host_graph(gm, host_inputs, kwargs)
     with metrics.lock:
         metrics.host_graphs += 1

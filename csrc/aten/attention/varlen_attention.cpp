@@ -203,7 +203,67 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_backward(
   return {dq, dk, dv};
 }
 
+// torch.nn.attention.varlen's custom ops (torch_attn::_varlen_attn, _varlen_attn_backward)
+// again as torchneuron::varlen_attn / varlen_attn_backward, with the same schemas, for compiled
+// graphs: those run on CPU aliases of device memory (torchneuron/compile/backend.py), where
+// torch_attn's implementation would call aten::_flash_attention_forward on the CPU, which has
+// no kernel. torchneuron/compile/varlen_attention.py retargets the nodes to these, whose CPU
+// kernels run the implementation above, as eager neuron calls do.
+std::pair<std::optional<c10::SymInt>, std::optional<c10::SymInt>> window_sizes(
+    at::OptionalSymIntArrayRef window_size) {
+  if (!window_size.has_value()) return {std::nullopt, std::nullopt};
+  TORCH_CHECK(window_size->size() == 2, "varlen_attn: window_size takes (left, right), got ",
+              window_size->size(), " values");
+  return {(*window_size)[0], (*window_size)[1]};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attn(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    const at::Tensor& cu_seq_q, const std::optional<at::Tensor>& cu_seq_k, c10::SymInt max_q,
+    c10::SymInt max_k, bool is_causal, std::optional<double> scale,
+    at::OptionalSymIntArrayRef window_size, bool /*enable_gqa: heads decide*/,
+    const std::optional<at::Tensor>& seqused_k, const std::optional<at::Tensor>& block_table,
+    std::optional<c10::SymInt> num_splits) {
+  const auto [left, right] = window_sizes(window_size);
+  std::optional<int64_t> splits;
+  if (num_splits.has_value()) splits = num_splits->guard_int(__FILE__, __LINE__);
+  auto [out, lse, rng_state, unused_offset, unused_mask] = flash_forward(
+      query, key, value, cu_seq_q, cu_seq_k, std::move(max_q), std::move(max_k), 0.0, is_causal,
+      false, scale, left, right, seqused_k, std::nullopt, block_table, splits);
+  return {out, lse, rng_state};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> varlen_attn_backward(
+    const at::Tensor& grad_out, const at::Tensor& query, const at::Tensor& key,
+    const at::Tensor& value, const at::Tensor& out, const at::Tensor& lse,
+    const at::Tensor& cu_seq_q, const at::Tensor& cu_seq_k, c10::SymInt max_q, c10::SymInt max_k,
+    bool is_causal, const at::Tensor& rng_state, std::optional<double> scale,
+    at::OptionalSymIntArrayRef window_size) {
+  const auto [left, right] = window_sizes(window_size);
+  return flash_backward(grad_out, query, key, value, out, lse, cu_seq_q, cu_seq_k, std::move(max_q),
+                        std::move(max_k), 0.0, is_causal, rng_state,
+                        at::empty({0}, query.options()), scale, left, right);
+}
+
 }  // namespace
+
+void define_varlen_attention_ops(torch::Library& m) {
+  m.def(
+      "varlen_attn(Tensor query, Tensor key, Tensor value, Tensor cu_seq_q, Tensor? cu_seq_k, "
+      "SymInt max_q, SymInt max_k, bool is_causal=False, float? scale=None, "
+      "SymInt[]? window_size=None, bool enable_gqa=False, Tensor? seqused_k=None, "
+      "Tensor? block_table=None, SymInt? num_splits=None) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "varlen_attn_backward(Tensor grad_out, Tensor query, Tensor key, Tensor value, "
+      "Tensor out, Tensor lse, Tensor cu_seq_q, Tensor cu_seq_k, SymInt max_q, SymInt max_k, "
+      "bool is_causal, Tensor rng_state, float? scale=None, SymInt[]? window_size=None) -> "
+      "(Tensor, Tensor, Tensor)");
+}
+
+void register_varlen_attention_cpu(torch::Library& m) {
+  m.impl("varlen_attn", TORCH_FN(varlen_attn));
+  m.impl("varlen_attn_backward", TORCH_FN(varlen_attn_backward));
+}
 
 void register_varlen_attention(torch::Library& m) {
   m.impl("_flash_attention_forward", TORCH_FN(flash_forward));
