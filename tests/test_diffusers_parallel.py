@@ -1,5 +1,5 @@
-"""Diffusers tensor and context parallelism on neuron: torchrun, 2 processes, one neuron
-device each.
+"""Diffusers tensor and context parallelism on neuron: torchrun, 2 processes (4 for unified
+context parallelism), one neuron device each.
 
 ``transformer.enable_parallelism(config=TensorParallelConfig(tp_degree=2))`` for every model
 whose transformer has a ``_tp_plan`` (FLUX.1, FLUX.2 and its Klein variant, Qwen-Image,
@@ -8,10 +8,11 @@ row-parallel layers sum two partial products with an all-reduce, which reorders 
 reduction; measured differences are 2e-7 to 5e-7).
 
 ``enable_parallelism(config=ContextParallelConfig(...))`` for every model whose transformer has
-a ``_cp_plan`` (FLUX.1, FLUX.2, FLUX.2 Klein, Qwen-Image, Wan, and MiniMax-H3's transformer
-alone), Ulysses and ring, gives the
-one-device output within the same tolerance (ring attention merges per-block results through
-their logsumexp in float32; measured differences 1e-7 to 6e-7).
+a ``_cp_plan`` (FLUX.1, FLUX.2, FLUX.2 Klein, Qwen-Image, Wan, and MiniMax-H3's modular
+pipeline), Ulysses and ring, gives the one-device output within the same tolerance (ring
+attention merges per-block results through their logsumexp in float32; measured differences
+1e-7 to 6e-7); on 4 ranks, unified (``ring_degree=2, ulysses_degree=2``) for FLUX.1 and
+Qwen-Image.
 """
 
 from __future__ import annotations
@@ -27,14 +28,14 @@ from support.diffusers_fixtures import CASES
 TP_CASES = [name for name, case in CASES.items() if case.tensor_parallel]
 LINE = re.compile(r"rank (\d) (\w+) sharded=(\d+) max_diff=([0-9.e+-]+)")
 CP_CASES = [name for name, case in CASES.items() if case.context_parallel]
-CP_LINE = re.compile(r"rank (\d) (\w+) (ulysses|ring) max_diff=([0-9.e+-]+)")
+CP_LINE = re.compile(r"rank (\d) (\w+) (ulysses|ring|unified) max_diff=([0-9.e+-]+)")
 
 
-def _two_ranks(script: str, cases: list[str]) -> str:
-    """torchrun of tests/support/`script` on 2 ranks for `cases`; its standard output."""
+def _two_ranks(script: str, cases: list[str], ranks: int = 2) -> str:
+    """torchrun of tests/support/`script` on `ranks` ranks for `cases`; its standard output."""
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-        + [str(Path(__file__).parent / "support" / script), *cases],
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
+        + [str(ranks), str(Path(__file__).parent / "support" / script), *cases],
         env=clean_env(),
         capture_output=True,
         text=True,
@@ -58,8 +59,19 @@ def test_context_parallel_ring_and_ulysses_match_one_device() -> None:
     assert CP_CASES == ["flux", "flux2", "flux2_klein", "qwenimage", "wan"]
     stdout = _two_ranks("diffusers_cp_rank.py", CP_CASES)
     results = {(int(r), name, mode): float(d) for r, name, mode, d in CP_LINE.findall(stdout)}
-    models = [*CP_CASES, "minimax_h3"]  # and MiniMax-H3's transformer (diffusers_cp_rank.py)
+    models = [*CP_CASES, "minimax_h3"]  # and MiniMax-H3's pipeline (diffusers_cp_rank.py)
     expected = {(r, n, m) for r in (0, 1) for n in models for m in ("ulysses", "ring")}
     assert set(results) == expected, stdout
+    for (rank, name, mode), diff in results.items():
+        assert diff <= 1e-5, f"rank {rank} {name} {mode}: max difference {diff} vs one device"
+
+
+def test_unified_context_parallel_on_four_ranks_matches_one_device() -> None:
+    """ContextParallelConfig(ring_degree=2, ulysses_degree=2): heads exchanged all-to-all within
+    each pair of ranks, key/value blocks rotated in a ring between the pairs."""
+    cases = ["flux", "qwenimage"]
+    stdout = _two_ranks("diffusers_cp_rank.py", cases, ranks=4)
+    results = {(int(r), name, mode): float(d) for r, name, mode, d in CP_LINE.findall(stdout)}
+    assert set(results) == {(r, n, "unified") for r in range(4) for n in cases}, stdout
     for (rank, name, mode), diff in results.items():
         assert diff <= 1e-5, f"rank {rank} {name} {mode}: max difference {diff} vs one device"

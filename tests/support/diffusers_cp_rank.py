@@ -25,16 +25,24 @@ MODES = {
     "ulysses": (lambda n: ContextParallelConfig(ulysses_degree=n), None),
     "ring": (lambda n: ContextParallelConfig(ring_degree=n), "_native_flash"),
 }
+# On 4 ranks: unified context parallelism, Ulysses within pairs of ranks and a ring between them.
+UNIFIED_MODES = {
+    "unified": (
+        lambda n: ContextParallelConfig(ring_degree=2, ulysses_degree=n // 2),
+        "_native_flash",
+    ),
+}
 
 
 def main(names: list[str]) -> None:
     rank = int(os.environ["RANK"])
     torch.neuron.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("neuron")
+    modes = MODES if dist.get_world_size() == 2 else UNIFIED_MODES
     for name in names:
         case = fixtures.CASES[name]
         one_device = fixtures.run(case.build().to("neuron"), case.inputs(), "neuron")
-        for mode, (config, backend) in MODES.items():
+        for mode, (config, backend) in modes.items():
             pipe = case.build().to("neuron")
             denoiser = getattr(pipe, case.denoiser)
             if backend is not None:
@@ -43,26 +51,25 @@ def main(names: list[str]) -> None:
             parallel = fixtures.run(pipe, case.inputs(), "neuron")
             diff = (parallel - one_device).abs().max().item()
             print(f"rank {rank} {name} {mode} max_diff={diff:.3e}", flush=True)
-    minimax_h3(rank)
+    if dist.get_world_size() == 2:
+        minimax_h3(rank)
     dist.destroy_process_group()
 
 
 def minimax_h3(rank: int) -> None:
-    """MiniMax-H3's transformer alone (tests/test_diffusers.py says why): its _cp_plan splits
-    the packed sequence at the first block and gathers it at the output heads."""
-    inputs = {k: v.to("neuron") for k, v in fixtures.minimax_h3_inputs().items()}
-    with torch.no_grad():
-        one_device = fixtures.minimax_h3_transformer().to("neuron")(**inputs, return_dict=False)
-        for mode, (config, backend) in MODES.items():
-            model = fixtures.minimax_h3_transformer().to("neuron")
-            if backend is not None:
-                model.set_attention_backend(backend)
-            model.enable_parallelism(config=config(dist.get_world_size()))
-            parallel = model(**inputs, return_dict=False)
-            diff = max(
-                (p - o).abs().max().item() for p, o in zip(parallel, one_device, strict=True)
-            )
-            print(f"rank {rank} minimax_h3 {mode} max_diff={diff:.3e}", flush=True)
+    """MiniMax-H3's t2va modular pipeline (tests/support/diffusers_fixtures.py): its
+    transformer's _cp_plan splits the packed sequence at the first block and gathers it at the
+    output heads; the video and audio it decodes are compared."""
+    one_device = fixtures.run_minimax_h3(fixtures.build_minimax_h3(), "neuron")
+    for mode, (config, backend) in MODES.items():
+        pipe = fixtures.build_minimax_h3()
+        pipe.to("neuron")
+        if backend is not None:
+            pipe.transformer.set_attention_backend(backend)
+        pipe.transformer.enable_parallelism(config=config(dist.get_world_size()))
+        parallel = fixtures.run_minimax_h3(pipe, "neuron")
+        diff = max((p - o).abs().max().item() for p, o in zip(parallel, one_device, strict=True))
+        print(f"rank {rank} minimax_h3 {mode} max_diff={diff:.3e}", flush=True)
 
 
 if __name__ == "__main__":
