@@ -21,15 +21,11 @@ from __future__ import annotations
 import pytest
 import torch
 from diffusers import DiffusionPipeline, FluxTransformer2DModel
-from support.diffusers_fixtures import (
-    CASES,
-    build_flux,
+from support.diffusers_fixtures import CASES, build_flux, compiled_vs_eager, flux_inputs, run
+from support.minimax_h3_fixtures import (
     build_minimax_h3,
-    compiled_vs_eager,
-    flux_inputs,
     minimax_h3_inputs,
     minimax_h3_transformer,
-    run,
     run_minimax_h3,
 )
 from support.tolerance import assert_matches_cpu, assert_normwise_close
@@ -169,7 +165,7 @@ def test_minimax_h3_pipeline_compiles_once_per_transformer_signature() -> None:
 
 def test_minimax_h3_pipeline_eager_matches_cpu() -> None:
     """The whole t2va modular pipeline (text encoder, denoising loop, video and audio decoders;
-    tests/support/diffusers_fixtures.py::build_minimax_h3) on neuron with a neuron generator
+    tests/support/minimax_h3_fixtures.py::build_minimax_h3) on neuron with a neuron generator
     against the same pipeline on the CPU: video and audio compared as test_eager_matches_cpu."""
     pipe = build_minimax_h3()
     expected = run_minimax_h3(pipe, "cpu")

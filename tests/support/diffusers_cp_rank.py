@@ -20,6 +20,7 @@ from diffusers import ContextParallelConfig
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
 import support.diffusers_fixtures as fixtures  # noqa: E402
+import support.minimax_h3_fixtures as minimax_h3_fixtures  # noqa: E402
 
 MODES = {
     "ulysses": (lambda n: ContextParallelConfig(ulysses_degree=n), None),
@@ -57,17 +58,19 @@ def main(names: list[str]) -> None:
 
 
 def minimax_h3(rank: int) -> None:
-    """MiniMax-H3's t2va modular pipeline (tests/support/diffusers_fixtures.py): its
+    """MiniMax-H3's t2va modular pipeline (tests/support/minimax_h3_fixtures.py): its
     transformer's _cp_plan splits the packed sequence at the first block and gathers it at the
     output heads; the video and audio it decodes are compared."""
-    one_device = fixtures.run_minimax_h3(fixtures.build_minimax_h3(), "neuron")
+    one_device = minimax_h3_fixtures.run_minimax_h3(
+        minimax_h3_fixtures.build_minimax_h3(), "neuron"
+    )
     for mode, (config, backend) in MODES.items():
-        pipe = fixtures.build_minimax_h3()
+        pipe = minimax_h3_fixtures.build_minimax_h3()
         pipe.to("neuron")
         if backend is not None:
             pipe.transformer.set_attention_backend(backend)
         pipe.transformer.enable_parallelism(config=config(dist.get_world_size()))
-        parallel = fixtures.run_minimax_h3(pipe, "neuron")
+        parallel = minimax_h3_fixtures.run_minimax_h3(pipe, "neuron")
         diff = max((p - o).abs().max().item() for p, o in zip(parallel, one_device, strict=True))
         print(f"rank {rank} minimax_h3 {mode} max_diff={diff:.3e}", flush=True)
 
