@@ -8,11 +8,12 @@ row-parallel layers sum two partial products with an all-reduce, which reorders 
 reduction; measured differences are 2e-7 to 5e-7).
 
 ``enable_parallelism(config=ContextParallelConfig(...))`` for every model whose transformer has
-a ``_cp_plan`` (FLUX.1, FLUX.2, FLUX.2 Klein, Qwen-Image, Wan, and MiniMax-H3's modular
-pipeline), Ulysses and ring, gives the one-device output within the same tolerance (ring
-attention merges per-block results through their logsumexp in float32; measured differences
-1e-7 to 6e-7); on 4 ranks, unified (``ring_degree=2, ulysses_degree=2``) for FLUX.1 and
-Qwen-Image.
+a ``_cp_plan`` (the pipelines of FLUX.1, FLUX.2, FLUX.2 Klein, Qwen-Image, Wan and MiniMax-H3,
+and the transformers alone of LTX-Video, LTX-2, Helios and ChronoEdit, whose pipelines need
+text encoders from the Hub: tests/support/cp_transformer_fixtures.py), Ulysses and ring,
+gives the one-device output within the same tolerance (ring attention merges per-block
+results through their logsumexp in float32; measured differences 0 to 6e-7); on 4 ranks,
+unified (``ring_degree=2, ulysses_degree=2``) for FLUX.1 and Qwen-Image.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def test_context_parallel_ring_and_ulysses_match_one_device() -> None:
     assert CP_CASES == ["flux", "flux2", "flux2_klein", "qwenimage", "wan"]
     stdout = _two_ranks("diffusers_cp_rank.py", CP_CASES)
     results = {(int(r), name, mode): float(d) for r, name, mode, d in CP_LINE.findall(stdout)}
-    models = [*CP_CASES, "minimax_h3"]  # and MiniMax-H3's pipeline (diffusers_cp_rank.py)
+    # and MiniMax-H3's pipeline and four transformers alone (diffusers_cp_rank.py, 2 ranks only)
+    models = [*CP_CASES, "minimax_h3", "ltx", "ltx2", "helios", "chronoedit"]
     expected = {(r, n, m) for r in (0, 1) for n in models for m in ("ulysses", "ring")}
     assert set(results) == expected, stdout
     for (rank, name, mode), diff in results.items():

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from diffusers import ContextParallelConfig
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+import support.cp_transformer_fixtures as cp_transformers  # noqa: E402
 import support.diffusers_fixtures as fixtures  # noqa: E402
 import support.minimax_h3_fixtures as minimax_h3_fixtures  # noqa: E402
 
@@ -54,6 +55,8 @@ def main(names: list[str]) -> None:
             print(f"rank {rank} {name} {mode} max_diff={diff:.3e}", flush=True)
     if dist.get_world_size() == 2:
         minimax_h3(rank)
+        for name in cp_transformers.MODELS:
+            transformer(rank, name)
     dist.destroy_process_group()
 
 
@@ -73,6 +76,24 @@ def minimax_h3(rank: int) -> None:
         parallel = minimax_h3_fixtures.run_minimax_h3(pipe, "neuron")
         diff = max((p - o).abs().max().item() for p, o in zip(parallel, one_device, strict=True))
         print(f"rank {rank} minimax_h3 {mode} max_diff={diff:.3e}", flush=True)
+
+
+@torch.no_grad()
+def transformer(rank: int, name: str) -> None:
+    """A transformer alone (tests/support/cp_transformer_fixtures.py: LTX-Video, LTX-2, Helios,
+    ChronoEdit), one device against each mode; every output tensor is compared."""
+    build = cp_transformers.MODELS[name]
+    model, inputs = build()
+    one_device = model.to("neuron")(**cp_transformers.to_device(inputs, "neuron"))
+    for mode, (config, backend) in MODES.items():
+        model, inputs = build()
+        model.to("neuron")
+        if backend is not None:
+            model.set_attention_backend(backend)
+        model.enable_parallelism(config=config(dist.get_world_size()))
+        parallel = model(**cp_transformers.to_device(inputs, "neuron"))
+        diff = max((p - o).abs().max().item() for p, o in zip(parallel, one_device, strict=True))
+        print(f"rank {rank} {name} {mode} max_diff={diff:.3e}", flush=True)
 
 
 if __name__ == "__main__":
