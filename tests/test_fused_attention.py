@@ -358,7 +358,7 @@ def test_varlen_attn_refuses_what_it_does_not_support() -> None:
 def test_varlen_attn_compiled_equals_eager() -> None:
     """varlen_attn in a graph compiled by the neuron backend (forward and backward): the graph
     runs on the host, where torch_attn's implementation would find no CPU flash kernel; the
-    backend points it at neuron's implementation (compile/varlen_attention.py). Not bitwise:
+    backend points it at neuron's implementation (compile/device_only_ops.py). Not bitwise:
     eager neuron runs sequences of at most 8 queries on the native decode kernel, the host
     graph the CPU's flash kernel; both are within float32 rounding of each other."""
     from torch.nn.attention.varlen import varlen_attn
@@ -388,3 +388,37 @@ def test_varlen_attn_compiled_equals_eager() -> None:
         results.append([t.detach().cpu() for t in (out, qd.grad, kd.grad, vd.grad)])
     for eager, compiled in zip(*results, strict=True):
         torch.testing.assert_close(compiled, eager, **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("op", ["sdpa_efficient_only", "flash_op"])
+def test_compiled_fused_attention_equals_eager(op) -> None:
+    """Compiled graphs run on the host, which has neither fused op: SDPA under
+    sdpa_kernel(EFFICIENT_ATTENTION) and aten._scaled_dot_product_flash_attention called
+    directly (Diffusers' _native_flash backend) run neuron's implementations there
+    (compile/device_only_ops.py): forward and backward equal eager bit for bit. Dropout in a
+    compiled graph is refused with an error naming the alternative."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v = inputs(torch.float32)
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if op == "flash_op":
+            return aten._scaled_dot_product_flash_attention(q, k, v, is_causal=True)[0]
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    results = []
+    torch._dynamo.reset()
+    with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
+        for fn in (attend, torch.compile(attend, backend="neuron", fullgraph=True)):
+            qd, kd, vd = on_neuron(q, k, v, grad=True)
+            out = fn(qd, kd, vd)
+            out.sum().backward()
+            results.append([t.detach().cpu() for t in (out, qd.grad, kd.grad, vd.grad)])
+    for eager, compiled in zip(*results, strict=True):
+        assert torch.equal(compiled, eager)
+
+    def with_dropout(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return aten._scaled_dot_product_flash_attention(q, k, v, dropout_p=0.5)[0]
+
+    with pytest.raises(Exception, match="not supported in graphs compiled for neuron"):
+        torch.compile(with_dropout, backend="neuron", fullgraph=True)(*on_neuron(q, k, v))

@@ -13,6 +13,7 @@ TORCH_LIBRARY(torchneuron, m) {
   define_gated_mlp_ops(m);
   define_native_gemm_ops(m);
   define_varlen_attention_ops(m);
+  define_fused_attention_ops(m);
 }
 
 TORCH_LIBRARY_IMPL(torchneuron, CPU, m) {
@@ -21,6 +22,7 @@ TORCH_LIBRARY_IMPL(torchneuron, CPU, m) {
   register_gated_mlp_ops_cpu(m);
   register_native_gemm_ops_cpu(m);
   register_varlen_attention_cpu(m);
+  register_fused_attention_cpu(m);
 }
 
 TORCH_LIBRARY_IMPL(torchneuron, PrivateUse1, m) {

@@ -14,6 +14,7 @@ void define_native_attention_decode_ops(torch::Library& m);     // native/
 void define_gated_mlp_ops(torch::Library& m);                   // native/
 void define_native_gemm_ops(torch::Library& m);                 // native/
 void define_varlen_attention_ops(torch::Library& m);            // attention/
+void define_fused_attention_ops(torch::Library& m);             // attention/
 
 // ---- their kernels: CPU (the reference), PrivateUse1 and Meta -----------------------------
 void register_attention_backward_widened_cpu(torch::Library& m);
@@ -21,6 +22,7 @@ void register_native_attention_decode_cpu(torch::Library& m);
 void register_gated_mlp_ops_cpu(torch::Library& m);
 void register_native_gemm_ops_cpu(torch::Library& m);
 void register_varlen_attention_cpu(torch::Library& m);
+void register_fused_attention_cpu(torch::Library& m);
 void register_gated_mlp_ops_neuron(torch::Library& m);
 void register_native_gemm_ops_neuron(torch::Library& m);
 void register_gated_mlp_ops_meta(torch::Library& m);

@@ -36,6 +36,7 @@ import torch.fx
 
 from .. import _C
 from .cache_trust import make_private_dirs
+from .device_only_ops import use_device_only_ops
 from .native_attention import use_native_decode_attention, use_widened_attention_backward
 from .native_gemm import use_native_gemm
 from .neff_cache import (
@@ -46,7 +47,6 @@ from .neff_cache import (
     cache_dir,
 )
 from .rewrites import rewrite_silu_mul
-from .varlen_attention import use_host_varlen_attention
 
 log = logging.getLogger("torchneuron.compile")
 
@@ -536,7 +536,7 @@ def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kw
     use_native_gemm(gm)  # matmuls: the native GEMM instead of the CPU's
     use_native_decode_attention(gm)  # decode attention: the native kernel (native_attention.py)
     use_widened_attention_backward(gm)  # bf16 attention backward: float32 where bf16 is emulated
-    use_host_varlen_attention(gm)  # varlen_attn: neuron's implementation, on the host
+    use_device_only_ops(gm)  # efficient/flash/varlen attention: neuron's, on the host
     compiled = _compile_host_graph(gm, host_inputs, kwargs)
     with metrics.lock:
         metrics.host_graphs += 1

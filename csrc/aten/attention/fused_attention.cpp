@@ -165,8 +165,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> efficient_attention(
       at::empty({query.size(0), query.size(2), query.size(1), value.size(3)}, out.options())
           .transpose(1, 2);
   strided.copy_(out);
-  const at::Tensor lse_out =
-      compute_log_sumexp ? lse : at::empty({query.size(0), query.size(1), 0}, lse.options());
+  // Contiguous, as torch's meta function describes it (the CPU kernel's is a transpose).
+  const at::Tensor lse_out = compute_log_sumexp
+                                 ? lse.contiguous()
+                                 : at::empty({query.size(0), query.size(1), 0}, lse.options());
   return {strided, lse_out, seed, at::zeros({}, query.options().dtype(at::kLong))};
 }
 
@@ -228,7 +230,7 @@ FlashResult flash_attention(const at::Tensor& query, const at::Tensor& key, cons
       at::tensor({seed, int64_t{0}}, at::TensorOptions().dtype(at::kLong)).to(u64);
   const at::Tensor empty = at::empty({0}, query.options().dtype(at::kLong));
   return {out,
-          lse,
+          lse.contiguous(),  // as torch's meta function describes it
           empty,
           empty,
           c10::SymInt(query.size(2)),
@@ -259,7 +261,117 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_backward(
                                                                   is_causal, std::nullopt, scale);
 }
 
+// --- the same ops in compiled graphs ----------------------------------------------------
+//
+// Compiled graphs run on CPU aliases of device memory (torchneuron/compile/backend.py), and
+// the CPU has neither op: torchneuron/compile/device_only_ops.py points their nodes at
+// torchneuron::efficient_attention / flash_attention (and backward), the same schemas with
+// CPU kernels running the implementations above. Dropout is refused there: its seed comes
+// from the neuron generator, which a graph running on the host cannot name.
+
+void refuse_dropout_in_compiled_graphs(double dropout_p, const char* op) {
+  TORCH_CHECK(dropout_p == 0.0, op,
+              " with dropout (dropout_p > 0) is not supported in graphs compiled for neuron: "
+              "its seed comes from the neuron generator. Run the attention eagerly (e.g. "
+              "torch.compiler.disable around it), or set dropout_p=0 (eval mode).");
+}
+
+// Results are laid out as torch's meta functions describe them (device_only_ops.py uses those
+// as the fake kernels): `t` copied into `layout`.
+at::Tensor laid_out_as(at::Tensor layout, const at::Tensor& t) {
+  return t.defined() ? layout.copy_(t) : t;
+}
+
+// Efficient attention's (batch, heads, rows, dim) results: a transpose of (b, rows, heads, dim).
+at::Tensor rows_major(const at::Tensor& t) {
+  return laid_out_as(
+      at::empty({t.size(0), t.size(2), t.size(1), t.size(3)}, t.options()).transpose(1, 2), t);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> compiled_efficient_attention(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    const std::optional<at::Tensor>& attn_bias, bool compute_log_sumexp, double dropout_p,
+    bool is_causal, std::optional<double> scale) {
+  refuse_dropout_in_compiled_graphs(dropout_p, "_scaled_dot_product_efficient_attention");
+  auto [out, lse, seed, offset] = efficient_attention(
+      query, key, value, attn_bias, compute_log_sumexp, dropout_p, is_causal, scale);
+  if (compute_log_sumexp) {  // CUDA's layout: columns padded to a multiple of 32
+    const int64_t rows = lse.size(-1);
+    at::Tensor padded = at::zeros({lse.size(0), lse.size(1), (rows + 31) / 32 * 32}, lse.options());
+    padded.narrow(-1, 0, rows).copy_(lse);
+    lse = padded;
+  }
+  return {out, lse, seed, offset};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> compiled_efficient_attention_backward(
+    const at::Tensor& grad_out, const at::Tensor& query, const at::Tensor& key,
+    const at::Tensor& value, const at::Tensor& attn_bias, const at::Tensor& out,
+    const at::Tensor& logsumexp, const at::Tensor& philox_seed, const at::Tensor& philox_offset,
+    double dropout_p, std::array<bool, 4> grad_input_mask, bool is_causal,
+    std::optional<double> scale) {
+  auto [dq, dk, dv, dbias] = efficient_attention_backward(
+      grad_out, query, key, value, attn_bias, out, logsumexp, philox_seed, philox_offset, dropout_p,
+      grad_input_mask, is_causal, scale);
+  return {rows_major(dq), rows_major(dk), rows_major(dv), dbias};
+}
+
+FlashResult compiled_flash_attention(const at::Tensor& query, const at::Tensor& key,
+                                     const at::Tensor& value, double dropout_p, bool is_causal,
+                                     bool return_debug_mask, std::optional<double> scale) {
+  refuse_dropout_in_compiled_graphs(dropout_p, "_scaled_dot_product_flash_attention");
+  FlashResult result =
+      flash_attention(query, key, value, dropout_p, is_causal, return_debug_mask, scale);
+  std::get<0>(result) = laid_out_as(at::empty_like(query), std::get<0>(result));
+  std::get<1>(result) = std::get<1>(result).contiguous();
+  return result;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> compiled_flash_attention_backward(
+    const at::Tensor& grad_out, const at::Tensor& query, const at::Tensor& key,
+    const at::Tensor& value, const at::Tensor& out, const at::Tensor& logsumexp,
+    const at::Tensor& cum_seq_q, const at::Tensor& cum_seq_k, c10::SymInt max_q, c10::SymInt max_k,
+    double dropout_p, bool is_causal, const at::Tensor& philox_seed,
+    const at::Tensor& philox_offset, std::optional<double> scale) {
+  auto [dq, dk, dv] = flash_attention_backward(
+      grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, std::move(max_q),
+      std::move(max_k), dropout_p, is_causal, philox_seed, philox_offset, scale);
+  return {laid_out_as(at::empty_like(query), dq), laid_out_as(at::empty_like(key), dk),
+          laid_out_as(at::empty_like(value), dv)};
+}
+
 }  // namespace
+
+void define_fused_attention_ops(torch::Library& m) {
+  m.def(
+      "efficient_attention(Tensor query, Tensor key, Tensor value, Tensor? attn_bias, "
+      "bool compute_log_sumexp, float dropout_p=0., bool is_causal=False, *, "
+      "float? scale=None) -> (Tensor output, Tensor log_sumexp, Tensor philox_seed, "
+      "Tensor philox_offset)");
+  m.def(
+      "efficient_attention_backward(Tensor grad_out_, Tensor query, Tensor key, Tensor value, "
+      "Tensor attn_bias, Tensor out, Tensor logsumexp, Tensor philox_seed, "
+      "Tensor philox_offset, float dropout_p, bool[4] grad_input_mask, bool is_causal=False, "
+      "*, float? scale=None) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "flash_attention(Tensor query, Tensor key, Tensor value, float dropout_p=0., "
+      "bool is_causal=False, bool return_debug_mask=False, *, float? scale=None) -> "
+      "(Tensor output, Tensor logsumexp, Tensor cum_seq_q, Tensor cum_seq_k, SymInt max_q, "
+      "SymInt max_k, Tensor rng_state, Tensor unused, Tensor debug_attn_mask)");
+  m.def(
+      "flash_attention_backward(Tensor grad_out, Tensor query, Tensor key, Tensor value, "
+      "Tensor out, Tensor logsumexp, Tensor cum_seq_q, Tensor cum_seq_k, SymInt max_q, "
+      "SymInt max_k, float dropout_p, bool is_causal, Tensor philox_seed, "
+      "Tensor philox_offset, *, float? scale=None) -> (Tensor grad_query, Tensor grad_key, "
+      "Tensor grad_value)");
+}
+
+void register_fused_attention_cpu(torch::Library& m) {
+  m.impl("efficient_attention", TORCH_FN(compiled_efficient_attention));
+  m.impl("efficient_attention_backward", TORCH_FN(compiled_efficient_attention_backward));
+  m.impl("flash_attention", TORCH_FN(compiled_flash_attention));
+  m.impl("flash_attention_backward", TORCH_FN(compiled_flash_attention_backward));
+}
 
 void register_fused_attention(torch::Library& m) {
   m.impl("_scaled_dot_product_efficient_attention", TORCH_FN(efficient_attention));

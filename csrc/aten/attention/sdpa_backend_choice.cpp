@@ -10,7 +10,8 @@
 // attention, which neuron implements over the same CPU flash kernel (fused_attention.cpp)
 // and which DTensor and context parallel handle as on CUDA. Plain tensors keep the CPU's
 // op, which compiled graphs retarget to the native decode kernel (native_attention.py),
-// unless the user allows efficient attention and not flash (sdpa_kernel), as CUDA would.
+// unless the user allows efficient attention and not flash (sdpa_kernel), as CUDA would;
+// compiled graphs then run it as torchneuron::efficient_attention (device_only_ops.py).
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <ATen/SDPBackend.h>
@@ -37,16 +38,17 @@ int64_t fused_sdp_choice(const at::Tensor& query, const at::Tensor& key, const a
   const auto efficient = static_cast<int64_t>(at::SDPBackend::efficient_attention);
   const at::Context& context = at::globalContext();
   // Efficient attention takes what these take: 4-d inputs with as many key/value heads as
-  // query heads, outside fake tracing, and only where the user allows it (sdpa_kernel).
-  const bool efficient_fits =
-      context.userEnabledMemEfficientSDP() && query.dim() == 4 && key.dim() == 4 &&
-      query.sym_size(1) == key.sym_size(1) &&
-      !c10::impl::TorchDispatchModeTLS::get_mode(c10::impl::TorchDispatchModeKey::FAKE);
+  // query heads, and only where the user allows it (sdpa_kernel).
+  const bool efficient_fits = context.userEnabledMemEfficientSDP() && query.dim() == 4 &&
+                              key.dim() == 4 && query.sym_size(1) == key.sym_size(1);
   // sdpa_kernel(EFFICIENT_ATTENTION): the CPU has no such kernel and would find no backend.
+  // Under fake tracing too: compiled graphs run it as torchneuron::efficient_attention.
   if (efficient_fits && !context.userEnabledFlashSDP()) return efficient;
   const int64_t choice = at::native::_fused_sdp_choice_cpp(query, key, value, attn_mask, dropout_p,
                                                            is_causal, scale, enable_gqa);
-  if (choice == static_cast<int64_t>(at::SDPBackend::flash_attention) && efficient_fits &&
+  const bool fake =
+      c10::impl::TorchDispatchModeTLS::get_mode(c10::impl::TorchDispatchModeKey::FAKE).has_value();
+  if (choice == static_cast<int64_t>(at::SDPBackend::flash_attention) && efficient_fits && !fake &&
       is_subclass(query)) {
     return efficient;
   }

@@ -207,7 +207,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_backward(
 // again as torchneuron::varlen_attn / varlen_attn_backward, with the same schemas, for compiled
 // graphs: those run on CPU aliases of device memory (torchneuron/compile/backend.py), where
 // torch_attn's implementation would call aten::_flash_attention_forward on the CPU, which has
-// no kernel. torchneuron/compile/varlen_attention.py retargets the nodes to these, whose CPU
+// no kernel. torchneuron/compile/device_only_ops.py retargets the nodes to these, whose CPU
 // kernels run the implementation above, as eager neuron calls do.
 std::pair<std::optional<c10::SymInt>, std::optional<c10::SymInt>> window_sizes(
     at::OptionalSymIntArrayRef window_size) {
