@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -355,6 +356,21 @@ def test_varlen_attn_refuses_what_it_does_not_support() -> None:
         aten._flash_attention_forward(q, k, v, cu, cu, 6, 6, 0.5, False, False)
 
 
+def _eager_and_compiled(
+    attend: Callable[..., torch.Tensor], *inputs: torch.Tensor
+) -> list[list[torch.Tensor]]:
+    """[output, input gradients...] of `attend` on neuron, eager and then compiled by the
+    neuron backend (fullgraph), for the sum of its output."""
+    results = []
+    torch._dynamo.reset()
+    for fn in (attend, torch.compile(attend, backend="neuron", fullgraph=True)):
+        on_device = on_neuron(*inputs, grad=True)
+        out = fn(*on_device)
+        out.sum().backward()
+        results.append([t.detach().cpu() for t in (out, *(x.grad for x in on_device))])
+    return results
+
+
 def test_varlen_attn_compiled_equals_eager() -> None:
     """varlen_attn in a graph compiled by the neuron backend (forward and backward): the graph
     runs on the host, where torch_attn's implementation would find no CPU flash kernel; the
@@ -379,14 +395,7 @@ def test_varlen_attn_compiled_equals_eager() -> None:
         )  # fmt: skip
         return out * 2.0
 
-    results = []
-    torch._dynamo.reset()
-    for fn in (attend, torch.compile(attend, backend="neuron", fullgraph=True)):
-        qd, kd, vd = on_neuron(q, k, v, grad=True)
-        out = fn(qd, kd, vd)
-        out.sum().backward()
-        results.append([t.detach().cpu() for t in (out, qd.grad, kd.grad, vd.grad)])
-    for eager, compiled in zip(*results, strict=True):
+    for eager, compiled in zip(*_eager_and_compiled(attend, q, k, v), strict=True):
         torch.testing.assert_close(compiled, eager, **TOL[torch.float32])
 
 
@@ -406,14 +415,8 @@ def test_compiled_fused_attention_equals_eager(op) -> None:
             return aten._scaled_dot_product_flash_attention(q, k, v, is_causal=True)[0]
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-    results = []
-    torch._dynamo.reset()
     with sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION):
-        for fn in (attend, torch.compile(attend, backend="neuron", fullgraph=True)):
-            qd, kd, vd = on_neuron(q, k, v, grad=True)
-            out = fn(qd, kd, vd)
-            out.sum().backward()
-            results.append([t.detach().cpu() for t in (out, qd.grad, kd.grad, vd.grad)])
+        results = _eager_and_compiled(attend, q, k, v)
     for eager, compiled in zip(*results, strict=True):
         assert torch.equal(compiled, eager)
 
