@@ -127,8 +127,8 @@ def test_group_offload_matches_no_offload(offload_type: str) -> None:
 
 # MiniMax-H3's transformer (joint video and audio over one packed sequence), alone on a packed
 # sequence laid out as the pipeline lays it out: its velocities, before the decoders.
-def _minimax_h3(model: torch.nn.Module, device: str, **layout: int) -> tuple[torch.Tensor, ...]:
-    inputs = {k: v.to(device) for k, v in minimax_h3_inputs(**layout).items()}
+def _minimax_h3(model: torch.nn.Module, device: str) -> tuple[torch.Tensor, ...]:
+    inputs = {k: v.to(device) for k, v in minimax_h3_inputs().items()}
     with torch.no_grad():
         return tuple(t.cpu() for t in model(**inputs, return_dict=False))
 

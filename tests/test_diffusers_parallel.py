@@ -32,7 +32,7 @@ CP_CASES = [name for name, case in CASES.items() if case.context_parallel]
 CP_LINE = re.compile(r"rank (\d) (\w+) (ulysses|ring|unified) max_diff=([0-9.e+-]+)")
 
 
-def _two_ranks(script: str, cases: list[str], ranks: int = 2) -> str:
+def _torchrun(script: str, cases: list[str], ranks: int = 2) -> str:
     """torchrun of tests/support/`script` on `ranks` ranks for `cases`; its standard output."""
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
@@ -48,7 +48,7 @@ def _two_ranks(script: str, cases: list[str], ranks: int = 2) -> str:
 
 def test_tensor_parallel_matches_one_device() -> None:
     assert TP_CASES == ["flux", "flux2", "flux2_klein", "qwenimage", "qwenimage21"]
-    stdout = _two_ranks("diffusers_tp_rank.py", TP_CASES)
+    stdout = _torchrun("diffusers_tp_rank.py", TP_CASES)
     results = {(int(r), name): (int(n), float(d)) for r, name, n, d in LINE.findall(stdout)}
     assert set(results) == {(rank, name) for rank in (0, 1) for name in TP_CASES}, stdout
     for (rank, name), (sharded, diff) in results.items():
@@ -58,7 +58,7 @@ def test_tensor_parallel_matches_one_device() -> None:
 
 def test_context_parallel_ring_and_ulysses_match_one_device() -> None:
     assert CP_CASES == ["flux", "flux2", "flux2_klein", "qwenimage", "wan"]
-    stdout = _two_ranks("diffusers_cp_rank.py", CP_CASES)
+    stdout = _torchrun("diffusers_cp_rank.py", CP_CASES)
     results = {(int(r), name, mode): float(d) for r, name, mode, d in CP_LINE.findall(stdout)}
     # and MiniMax-H3's pipeline and four transformers alone (diffusers_cp_rank.py, 2 ranks only)
     models = [*CP_CASES, "minimax_h3", "ltx", "ltx2", "helios", "chronoedit"]
@@ -74,7 +74,7 @@ def test_unified_context_parallel_on_four_ranks_matches_one_device() -> None:
     case with a _cp_plan but Wan, whose test video's sequence does not divide into 4 shards
     (Diffusers requires that on any device)."""
     cases = [name for name in CP_CASES if name != "wan"]
-    stdout = _two_ranks("diffusers_cp_rank.py", cases, ranks=4)
+    stdout = _torchrun("diffusers_cp_rank.py", cases, ranks=4)
     results = {(int(r), name, mode): float(d) for r, name, mode, d in CP_LINE.findall(stdout)}
     assert set(results) == {(r, n, "unified") for r in range(4) for n in cases}, stdout
     for (rank, name, mode), diff in results.items():

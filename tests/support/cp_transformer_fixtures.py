@@ -149,8 +149,3 @@ MODELS: dict[str, Callable[[], tuple[torch.nn.Module, Inputs]]] = {
     "helios": helios,
     "chronoedit": chronoedit,
 }
-
-
-def to_device(inputs: Inputs, device: str) -> Inputs:
-    """The inputs with every tensor on `device`."""
-    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -36,6 +38,28 @@ UNIFIED_MODES = {
 }
 
 
+def _outputs(result: Any) -> tuple[torch.Tensor, ...]:
+    return result if isinstance(result, tuple) else (result,)
+
+
+def compare(
+    rank: int, name: str, modes: dict, build: Callable, denoiser_of: Callable, run: Callable
+) -> None:
+    """Prints, per mode, the largest difference between `run` of a fresh `build()` whose
+    denoiser (`denoiser_of`) is split over the ranks in that mode and `run` on one device."""
+    one_device = run(build())
+    for mode, (config, backend) in modes.items():
+        parallel_target = build()
+        denoiser = denoiser_of(parallel_target)
+        if backend is not None:
+            denoiser.set_attention_backend(backend)
+        denoiser.enable_parallelism(config=config(dist.get_world_size()))
+        parallel = run(parallel_target)
+        pairs = zip(_outputs(parallel), _outputs(one_device), strict=True)
+        diff = max((p - o).abs().max().item() for p, o in pairs)
+        print(f"rank {rank} {name} {mode} max_diff={diff:.3e}", flush=True)
+
+
 def main(names: list[str]) -> None:
     rank = int(os.environ["RANK"])
     torch.neuron.set_device(int(os.environ["LOCAL_RANK"]))
@@ -43,16 +67,12 @@ def main(names: list[str]) -> None:
     modes = MODES if dist.get_world_size() == 2 else UNIFIED_MODES
     for name in names:
         case = fixtures.CASES[name]
-        one_device = fixtures.run(case.build().to("neuron"), case.inputs(), "neuron")
-        for mode, (config, backend) in modes.items():
-            pipe = case.build().to("neuron")
-            denoiser = getattr(pipe, case.denoiser)
-            if backend is not None:
-                denoiser.set_attention_backend(backend)
-            denoiser.enable_parallelism(config=config(dist.get_world_size()))
-            parallel = fixtures.run(pipe, case.inputs(), "neuron")
-            diff = (parallel - one_device).abs().max().item()
-            print(f"rank {rank} {name} {mode} max_diff={diff:.3e}", flush=True)
+        compare(
+            rank, name, modes,
+            build=lambda case=case: case.build().to("neuron"),
+            denoiser_of=lambda pipe, case=case: getattr(pipe, case.denoiser),
+            run=lambda pipe, case=case: fixtures.run(pipe, case.inputs(), "neuron"),
+        )  # fmt: skip
     if dist.get_world_size() == 2:
         minimax_h3(rank)
         for name in cp_transformers.MODELS:
@@ -64,36 +84,31 @@ def minimax_h3(rank: int) -> None:
     """MiniMax-H3's t2va modular pipeline (tests/support/minimax_h3_fixtures.py): its
     transformer's _cp_plan splits the packed sequence at the first block and gathers it at the
     output heads; the video and audio it decodes are compared."""
-    one_device = minimax_h3_fixtures.run_minimax_h3(
-        minimax_h3_fixtures.build_minimax_h3(), "neuron"
-    )
-    for mode, (config, backend) in MODES.items():
+
+    def build() -> Any:
         pipe = minimax_h3_fixtures.build_minimax_h3()
         pipe.to("neuron")
-        if backend is not None:
-            pipe.transformer.set_attention_backend(backend)
-        pipe.transformer.enable_parallelism(config=config(dist.get_world_size()))
-        parallel = minimax_h3_fixtures.run_minimax_h3(pipe, "neuron")
-        diff = max((p - o).abs().max().item() for p, o in zip(parallel, one_device, strict=True))
-        print(f"rank {rank} minimax_h3 {mode} max_diff={diff:.3e}", flush=True)
+        return pipe
+
+    compare(
+        rank, "minimax_h3", MODES, build,
+        denoiser_of=lambda pipe: pipe.transformer,
+        run=lambda pipe: minimax_h3_fixtures.run_minimax_h3(pipe, "neuron"),
+    )  # fmt: skip
 
 
 @torch.no_grad()
 def transformer(rank: int, name: str) -> None:
     """A transformer alone (tests/support/cp_transformer_fixtures.py: LTX-Video, LTX-2, Helios,
-    ChronoEdit), one device against each mode; every output tensor is compared."""
-    build = cp_transformers.MODELS[name]
-    model, inputs = build()
-    one_device = model.to("neuron")(**cp_transformers.to_device(inputs, "neuron"))
-    for mode, (config, backend) in MODES.items():
-        model, inputs = build()
-        model.to("neuron")
-        if backend is not None:
-            model.set_attention_backend(backend)
-        model.enable_parallelism(config=config(dist.get_world_size()))
-        parallel = model(**cp_transformers.to_device(inputs, "neuron"))
-        diff = max((p - o).abs().max().item() for p, o in zip(parallel, one_device, strict=True))
-        print(f"rank {rank} {name} {mode} max_diff={diff:.3e}", flush=True)
+    ChronoEdit); every output tensor is compared."""
+    _, inputs = cp_transformers.MODELS[name]()  # the same inputs every build
+    on_device = fixtures.to_device(inputs, "neuron")
+    compare(
+        rank, name, MODES,
+        build=lambda: cp_transformers.MODELS[name]()[0].to("neuron"),
+        denoiser_of=lambda model: model,
+        run=lambda model: model(**on_device),
+    )  # fmt: skip
 
 
 if __name__ == "__main__":
