@@ -27,6 +27,9 @@ _CONFIG_VARIABLES = (
 )
 for _name in _CONFIG_VARIABLES:
     os.environ.pop(_name, None)
+# A custom op whose outputs alias its inputs or each other is an error, as in PyTorch's own CI
+# (torch makes it one when CI is set, a warning otherwise): the suite holds every host to it.
+os.environ["TORCHINDUCTOR_ERROR_ON_CUSTOM_OP_ALIASING"] = "1"
 # The launch mode (NEURON_LAUNCH_BLOCKING, TORCHNEURON_ASYNC_MIN_BYTES) is kept, and passed
 # on to subprocesses: the suite runs in either mode (scripts/test.sh runs both).
 

@@ -72,8 +72,8 @@ def _run(interval: float) -> None:
     while not _stop.wait(interval):
         try:
             write_once()
-        except Exception:  # a monitor must never break the process it watches
-            return
+        except Exception:  # a monitor must never break the process it watches; a failed
+            continue  # write (a full disk, a removed directory) is retried at the next interval
 
 
 def _remove_own_file() -> None:

@@ -228,11 +228,12 @@ FlashResult flash_attention(const at::Tensor& query, const at::Tensor& key, cons
   // rng_state as CUDA's: (seed, offset); the offset is unused here.
   const at::Tensor rng_state =
       at::tensor({seed, int64_t{0}}, at::TensorOptions().dtype(at::kLong)).to(u64);
-  const at::Tensor empty = at::empty({0}, query.options().dtype(at::kLong));
+  // Distinct tensors: outputs of an op may not alias each other (torch checks this).
+  const auto sequence_lengths = query.options().dtype(at::kLong);
   return {out,
           lse.contiguous(),  // as torch's meta function describes it
-          empty,
-          empty,
+          at::empty({0}, sequence_lengths),
+          at::empty({0}, sequence_lengths),
           c10::SymInt(query.size(2)),
           c10::SymInt(key.size(2)),
           rng_state,
