@@ -13,7 +13,7 @@ and the transformers alone of LTX-Video, LTX-2, Helios and ChronoEdit, whose pip
 text encoders from the Hub: tests/support/cp_transformer_fixtures.py), Ulysses and ring,
 gives the one-device output within the same tolerance (ring attention merges per-block
 results through their logsumexp in float32; measured differences 0 to 6e-7); on 4 ranks,
-unified (``ring_degree=2, ulysses_degree=2``) for every pipeline case but Wan.
+unified (``ring_degree=2, ulysses_degree=2``) on every one of them.
 """
 
 from __future__ import annotations
@@ -70,12 +70,11 @@ def test_context_parallel_ring_and_ulysses_match_one_device() -> None:
 
 def test_unified_context_parallel_on_four_ranks_matches_one_device() -> None:
     """ContextParallelConfig(ring_degree=2, ulysses_degree=2): heads exchanged all-to-all within
-    each pair of ranks, key/value blocks rotated in a ring between the pairs. Every pipeline
-    case with a _cp_plan but Wan, whose test video's sequence does not divide into 4 shards
-    (Diffusers requires that on any device)."""
-    cases = [name for name in CP_CASES if name != "wan"]
-    stdout = _torchrun("diffusers_cp_rank.py", cases, ranks=4)
+    each pair of ranks, key/value blocks rotated in a ring between the pairs, on every model of
+    the two-rank test (Wan at its second resolution, whose sequence divides into 4 shards)."""
+    stdout = _torchrun("diffusers_cp_rank.py", CP_CASES, ranks=4)
     results = {(int(r), name, mode): float(d) for r, name, mode, d in CP_LINE.findall(stdout)}
-    assert set(results) == {(r, n, "unified") for r in range(4) for n in cases}, stdout
+    models = [*CP_CASES, "minimax_h3", "ltx", "ltx2", "helios", "chronoedit"]
+    assert set(results) == {(r, n, "unified") for r in range(4) for n in models}, stdout
     for (rank, name, mode), diff in results.items():
         assert diff <= 1e-5, f"rank {rank} {name} {mode}: max difference {diff} vs one device"

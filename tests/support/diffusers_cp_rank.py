@@ -36,6 +36,12 @@ UNIFIED_MODES = {
         "_native_flash",
     ),
 }
+# Diffusers requires the split sequence to divide by the number of ranks. Wan's default test
+# video (5 frames at 16x16) has 2 tokens, its second resolution (32x32) 8. MiniMax-H3 packs
+# one row per prompt byte with 37 video and 414 audio rows: its 15-byte prompt makes 466, a
+# 17-byte one 468.
+FOUR_RANK_SIZE = {"wan": (32, 32)}
+FOUR_RANK_MINIMAX_H3_PROMPT = "one robot dancing"
 
 
 def _outputs(result: Any) -> tuple[torch.Tensor, ...]:
@@ -67,23 +73,26 @@ def main(names: list[str]) -> None:
     modes = MODES if dist.get_world_size() == 2 else UNIFIED_MODES
     for name in names:
         case = fixtures.CASES[name]
+        size = FOUR_RANK_SIZE.get(name, ()) if dist.get_world_size() == 4 else ()
         compare(
             rank, name, modes,
             build=lambda case=case: case.build().to("neuron"),
             denoiser_of=lambda pipe, case=case: getattr(pipe, case.denoiser),
-            run=lambda pipe, case=case: fixtures.run(pipe, case.inputs(), "neuron"),
+            run=lambda pipe, case=case, size=size: fixtures.run(pipe, case.inputs(*size), "neuron"),
         )  # fmt: skip
-    if dist.get_world_size() == 2:
-        minimax_h3(rank)
-        for name in cp_transformers.MODELS:
-            transformer(rank, name)
+    minimax_h3(rank, modes)
+    for name in cp_transformers.MODELS:
+        transformer(rank, name, modes)
     dist.destroy_process_group()
 
 
-def minimax_h3(rank: int) -> None:
+def minimax_h3(rank: int, modes: dict) -> None:
     """MiniMax-H3's t2va modular pipeline (tests/support/minimax_h3_fixtures.py): its
     transformer's _cp_plan splits the packed sequence at the first block and gathers it at the
     output heads; the video and audio it decodes are compared."""
+
+    four_ranks = dist.get_world_size() == 4
+    prompt = FOUR_RANK_MINIMAX_H3_PROMPT if four_ranks else minimax_h3_fixtures.MINIMAX_H3_PROMPT
 
     def build() -> Any:
         pipe = minimax_h3_fixtures.build_minimax_h3()
@@ -91,20 +100,20 @@ def minimax_h3(rank: int) -> None:
         return pipe
 
     compare(
-        rank, "minimax_h3", MODES, build,
+        rank, "minimax_h3", modes, build,
         denoiser_of=lambda pipe: pipe.transformer,
-        run=lambda pipe: minimax_h3_fixtures.run_minimax_h3(pipe, "neuron"),
+        run=lambda pipe: minimax_h3_fixtures.run_minimax_h3(pipe, "neuron", prompt=prompt),
     )  # fmt: skip
 
 
 @torch.no_grad()
-def transformer(rank: int, name: str) -> None:
+def transformer(rank: int, name: str, modes: dict) -> None:
     """A transformer alone (tests/support/cp_transformer_fixtures.py: LTX-Video, LTX-2, Helios,
     ChronoEdit); every output tensor is compared."""
     _, inputs = cp_transformers.MODELS[name]()  # the same inputs every build
     on_device = fixtures.to_device(inputs, "neuron")
     compare(
-        rank, name, MODES,
+        rank, name, modes,
         build=lambda: cp_transformers.MODELS[name]()[0].to("neuron"),
         denoiser_of=lambda model: model,
         run=lambda model: model(**on_device),

@@ -211,6 +211,7 @@ def run_minimax_h3(
     width: int = 32,
     seed: int = 0,
     generator_device: str | None = None,
+    prompt: str = MINIMAX_H3_PROMPT,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The pipeline's video ``(1, 124, 3, height, width)`` and stereo audio ``(1, 2, 828)`` as
     CPU tensors, for ``seed``, on ``device`` (the pipeline is moved there).
@@ -223,7 +224,7 @@ def run_minimax_h3(
     generator = torch.Generator(generator_device or device).manual_seed(seed)
     with torch.no_grad():
         state = pipe(
-            prompt=MINIMAX_H3_PROMPT,
+            prompt=prompt,
             generator=generator,
             num_inference_steps=3,
             height=height,
