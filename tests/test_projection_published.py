@@ -1,0 +1,101 @@
+"""The analytic Trainium projection against AWS's published figures
+(torchneuron/fidelity/projection/published.py): docs/fidelity.md's table is what the code
+computes from the committed figures, the committed constants are what the fit gives, and bad
+layouts are refused with the reason."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from torchneuron.fidelity.projection import published
+from torchneuron.fidelity.projection.analytic import (
+    CALIBRATION,
+    InferenceRequest,
+    TrainingLayout,
+    inference,
+)
+from torchneuron.fidelity.projection.hardware import find_instance
+from torchneuron.fidelity.projection.shapes import find_shape
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "fidelity.md"
+BLOCK = re.compile(r"<!-- published:begin -->\n(.*?)<!-- published:end -->", re.S)
+
+
+def test_docs_table_is_the_projection_of_the_committed_figures() -> None:
+    rows = published.all_rows()
+    expected = published.markdown(rows) + "\n\n```\n" + published.summary(rows) + "\n```\n"
+    found = BLOCK.search(DOCS.read_text())
+    assert found, "docs/fidelity.md has no published:begin/end block"
+    assert found.group(1) == expected, (
+        "docs/fidelity.md is stale: paste `python -m torchneuron.fidelity.projection.published "
+        "--markdown` between the markers"
+    )
+
+
+def test_every_figure_names_its_source_and_has_a_model_shape() -> None:
+    for name in ("training.csv", "inference.csv"):
+        for row in published._load(name, newest_only=False):
+            source = r"aws-neuron-sdk@[0-9a-f]{10}:\S+\.(csv|rst|md|ipynb):[\d,-]+"
+            assert re.fullmatch(source, row["source"]), row
+            find_shape(row["model"])
+            find_instance(row["instance"])
+    held_out = [r for r in published.all_rows() if not r.calibration]
+    assert len(held_out) >= len(published.all_rows()) / 3  # the fit is judged on other rows
+
+
+def test_committed_constants_are_what_the_fit_gives() -> None:
+    fitted = published.calibrate()
+    for field in dataclasses.fields(CALIBRATION):
+        committed, refit = getattr(CALIBRATION, field.name), getattr(fitted, field.name)
+        assert committed == pytest.approx(refit, rel=0.01), field.name
+
+
+def test_decode_of_a_memory_bound_model_is_its_weights_over_hbm_bandwidth() -> None:
+    """Llama-2-70B at batch 1 on 32 trn1 cores: each decode step reads every layer's weights;
+    with the fixed costs zeroed and full bandwidths, TPOT is that, the LM head's weights, and
+    each layer's four collective phases of one hop (Mesh: messages under 1 MB), within the
+    KV cache's reads and the collectives' 16 KiB."""
+    shape = find_shape("Llama-2-70b")
+    inst = find_instance("trn1.32xlarge")
+    bare = dataclasses.replace(
+        CALIBRATION,
+        hbm_efficiency=1.0,
+        link_efficiency=1.0,
+        layer_overhead_s=0.0,
+        collective_overhead_s=0.0,
+    )
+    estimate = inference(shape, InferenceRequest(inst, 32, 1, 16, 2), bare)
+    layer_weights = (shape.parameters() - 2 * shape.vocab * shape.hidden) / shape.layers
+    closed_form = shape.layers * (layer_weights / 32 * 2 / inst.hbm_bytes_per_s)
+    closed_form += shape.vocab * shape.hidden / 32 * 2 / inst.hbm_bytes_per_s
+    closed_form += shape.layers * 4 * inst.hop_latency_s
+    assert closed_form <= estimate.tpot <= closed_form * 1.01
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"tp": 8, "dp": 2}, "is not the 32 cores"),
+        ({"global_batch": 102}, "not a multiple of dp"),
+        ({"checkpointing": "some"}, "none, selective or full"),
+        ({"precision": "fp8"}, "bf16, mixed or fp32"),
+    ],
+)
+def test_bad_layouts_are_refused_with_the_reason(changes: dict, message: str) -> None:
+    layout = dict(
+        instance=find_instance("trn1.32xlarge"), nodes=1, seq=2048, micro_batch=1,
+        global_batch=64, tp=8, dp=4,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match=message):
+        TrainingLayout(**{**layout, **changes})
+
+
+def test_unknown_models_and_instances_are_named() -> None:
+    with pytest.raises(ValueError, match="no shape for 'gpt-5'"):
+        find_shape("gpt-5")
+    with pytest.raises(ValueError, match="unknown instance 'trn9'"):
+        find_instance("trn9")

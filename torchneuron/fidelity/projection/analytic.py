@@ -1,0 +1,283 @@
+"""Training step time and inference latency of a decoder or encoder transformer on a Trainium
+or Inferentia2 instance, from its shape and layout, in closed form.
+
+Each layer's forward costs its projections on the Tensor engine (at the efficiency of their
+128-row tiles), attention (QK^T and AV on the Tensor engine, exp on the Scalar engine, max
+and sum on the Vector engine), its elementwise work on the Vector engine, a fixed overhead,
+and tensor parallelism's collectives (rings over NeuronLink: bandwidth term and a fixed cost
+per collective). Backward is twice the forward's compute; activation checkpointing adds the
+forward again (full) or attention again (selective). Pipeline parallelism runs microbatches
+through stages with the 1F1B bubble (S - 1 extra microbatch slots); data parallelism adds the
+gradient reduce-scatter and parameter all-gather (ZeRO-1) or all-reduce once per step, over
+NeuronLink inside an instance and EFA across; the optimizer step reads and writes its state
+at HBM bandwidth. Decode is the larger of its matmul time and the time to read the weights
+and KV cache from HBM.
+
+Five constants are calibrated against AWS's published figures (`CALIBRATION`, fitted by
+``python -m torchneuron.fidelity.projection.published --calibrate``); every other figure is
+from AWS's documentation (hardware.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from .hardware import Instance
+from .shapes import Shape
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Fitted on part of AWS's published figures (published.py: CALIBRATION_MODELS); the
+    defaults are the fit's result, rounded to three digits."""
+
+    matmul_efficiency: float = 0.375  # of TensorE peak, on full 128x128 tiles
+    link_efficiency: float = 0.215  # of NeuronLink / EFA bandwidth a collective reaches
+    hbm_efficiency: float = 0.964  # of HBM bandwidth a decode step's reads reach
+    layer_overhead_s: float = 192e-6  # per layer and pass: instruction issue, synchronisation
+    collective_overhead_s: float = 10.7e-6  # per collective beyond its hops
+
+
+CALIBRATION = Calibration()
+
+
+@dataclass(frozen=True)
+class TrainingLayout:
+    """How a training run is laid out (the fields of AWS's published training figures)."""
+
+    instance: Instance
+    nodes: int
+    seq: int
+    micro_batch: int
+    global_batch: int
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    sequence_parallel: bool = False
+    zero1: bool = False
+    checkpointing: str = "none"  # "none", "selective" or "full"
+    precision: str = "bf16"  # "bf16" (bf16 weights), "mixed" (bf16 compute, fp32 master), "fp32"
+
+    def __post_init__(self) -> None:
+        cores = self.instance.cores * self.nodes
+        if self.tp * self.pp * self.dp != cores:
+            raise ValueError(
+                f"tp {self.tp} x pp {self.pp} x dp {self.dp} = {self.tp * self.pp * self.dp} "
+                f"is not the {cores} cores of {self.nodes} x {self.instance.name}"
+            )
+        if self.global_batch % (self.dp * self.micro_batch):
+            raise ValueError(
+                f"global batch {self.global_batch} is not a multiple of dp {self.dp} x "
+                f"micro-batch {self.micro_batch}"
+            )
+        if self.checkpointing not in ("none", "selective", "full"):
+            raise ValueError(f"checkpointing {self.checkpointing!r}: none, selective or full")
+        if self.precision not in ("bf16", "mixed", "fp32"):
+            raise ValueError(f"precision {self.precision!r}: bf16, mixed or fp32")
+
+    @property
+    def microbatches(self) -> int:
+        return self.global_batch // (self.dp * self.micro_batch)
+
+
+@dataclass(frozen=True)
+class InferenceRequest:
+    instance: Instance
+    tp: int
+    batch: int
+    input_len: int
+    output_len: int
+    weight_bytes: int = 2  # bf16; 1 for int8 weights
+
+
+@dataclass
+class Breakdown:
+    """Seconds by kind, for the report."""
+
+    parts: dict[str, float] = field(default_factory=dict)
+
+    def add(self, name: str, seconds: float) -> None:
+        self.parts[name] = self.parts.get(name, 0.0) + seconds
+
+    def scaled(self, factor: float) -> Breakdown:
+        return Breakdown({k: v * factor for k, v in self.parts.items()})
+
+    def merged(self, other: Breakdown) -> Breakdown:
+        out = Breakdown(dict(self.parts))
+        for k, v in other.parts.items():
+            out.add(k, v)
+        return out
+
+    @property
+    def total(self) -> float:
+        return sum(self.parts.values())
+
+
+def _tile_efficiency(*dims: int) -> float:
+    """The share of the 128x128 array a matmul keeps busy when these dims are cut into tiles."""
+    return math.prod(d / (128 * math.ceil(d / 128)) for d in dims)
+
+
+def collective_phase_seconds(
+    size: float, ranks: int, bandwidth: float, hop: float, cal: Calibration
+) -> float:
+    """One phase (reduce-scatter or all-gather) of `size` bytes over `ranks` ranks inside an
+    instance. The bandwidth term is a ring's; the latency term follows the algorithm the
+    runtime picks by size: Mesh (one step) below 1 MB, recursive doubling/halving (log2 steps)
+    to 56 MB, a ring (ranks - 1 steps) above
+    (neuron-runtime/explore/intranode-collective-comm.rst:160-189)."""
+    if ranks <= 1:
+        return 0.0
+    if size < 1 << 20:
+        steps = 1
+    elif size < 56 << 20:
+        steps = math.ceil(math.log2(ranks))
+    else:
+        steps = ranks - 1
+    return (
+        (ranks - 1) / ranks * size / (bandwidth * cal.link_efficiency)
+        + steps * hop
+        + cal.collective_overhead_s
+    )
+
+
+def data_parallel_seconds(grad_bytes: float, layout: TrainingLayout, cal: Calibration) -> float:
+    """Gradient reduce-scatter and parameter all-gather (or an all-reduce: the same traffic)
+    over the dp ranks, hierarchically: among the dp ranks inside an instance over NeuronLink,
+    then among instances over EFA, which every rank of an instance shares."""
+    inst, dp = layout.instance, layout.dp
+    per_replica = layout.tp * layout.pp
+    local = max(1, min(dp, inst.cores // per_replica))  # dp ranks inside one instance
+    across = dp // local
+    seconds = 2 * collective_phase_seconds(
+        grad_bytes, local, inst.link_bytes_per_s, inst.hop_latency_s, cal
+    )
+    if across > 1:
+        ranks_per_instance = min(inst.cores, per_replica * dp // layout.nodes)
+        traffic = ranks_per_instance * (across - 1) / across * grad_bytes / local
+        seconds += 2 * (
+            traffic / (inst.network_bytes_per_s * cal.link_efficiency)
+            + math.ceil(math.log2(across)) * inst.network_latency_s
+            + cal.collective_overhead_s
+        )
+    return seconds
+
+
+def _layer_forward(
+    shape: Shape,
+    inst: Instance,
+    batch: int,
+    queries: int,
+    keys: int,
+    tp: int,
+    sequence_parallel: bool,
+    cal: Calibration,
+) -> tuple[Breakdown, float]:
+    """(compute by kind, attention's share) of one layer's forward on one TP rank. Matmuls
+    run at the BF16 rate whatever the model's dtype: "By default, the Neuron Compiler will
+    automatically cast FP32 matrix multiplication operations to BF16" (AWS, "Mixed Precision
+    and Performance-accuracy Tuning (neuronx-cc)")."""
+    peak = inst.matmul_bf16_flops * cal.matmul_efficiency
+    tokens = batch * queries
+    tiles = _tile_efficiency(shape.hidden, shape.hidden // tp, shape.ffn // tp)
+    out = Breakdown()
+    out.add("matmul", shape.layer_matmul_flops(tokens, tp) / (peak * tiles))
+    attention = shape.layer_attention_flops(batch, queries, keys, tp) / (
+        peak * _tile_efficiency(shape.head_dim)
+    )
+    scores = shape.layer_attention_flops(batch, queries, keys, tp) / (4 * shape.head_dim)
+    softmax = scores / inst.scalar_elements_per_s + 2 * scores / inst.vector_elements_per_s
+    out.add("attention", attention + softmax)
+    out.add(
+        "vector",
+        shape.layer_elementwise(tokens, tp, sequence_parallel) / inst.vector_elements_per_s,
+    )
+    out.add("overhead", cal.layer_overhead_s)
+    return out, attention + softmax
+
+
+def _tp_collectives(
+    shape: Shape, inst: Instance, tokens: int, tp: int, element: int, cal: Calibration
+) -> float:
+    """Tensor parallelism's forward collectives in one layer: with or without sequence
+    parallelism, four ring phases of the layer's hidden states (two all-gathers and two
+    reduce-scatters, or two all-reduces)."""
+    size = tokens * shape.hidden * element
+    return 4 * collective_phase_seconds(size, tp, inst.link_bytes_per_s, inst.hop_latency_s, cal)
+
+
+def training_step(
+    shape: Shape, layout: TrainingLayout, cal: Calibration = CALIBRATION
+) -> Breakdown:
+    """Seconds of one optimizer step (all microbatches of the global batch), by kind."""
+    inst, tp, pp, dp = layout.instance, layout.tp, layout.pp, layout.dp
+    fp32 = layout.precision == "fp32"
+    element = 4 if fp32 else 2
+    b, s = layout.micro_batch, layout.seq
+    forward, attention = _layer_forward(shape, inst, b, s, s, tp, layout.sequence_parallel, cal)
+    comms = _tp_collectives(shape, inst, b * s, tp, element, cal)
+    layer = forward.scaled(3.0)  # forward, and a backward of twice its work
+    layer.add("tp collectives", 2 * comms)
+    if layout.checkpointing == "full":
+        layer = layer.merged(forward)
+        layer.add("tp collectives", comms)
+    elif layout.checkpointing == "selective":
+        layer.add("attention", attention)
+    stage = layer.scaled(math.ceil(shape.layers / pp))
+    peak = inst.matmul_bf16_flops * cal.matmul_efficiency
+    stage.add("matmul", 3 * shape.head_flops(b * s, tp) / peak)  # on the last stage
+    if pp > 1:  # activations to the next stage and gradients back, per microbatch
+        shard = b * s * shape.hidden * element / (tp if layout.sequence_parallel else 1)
+        stage.add("pp transfers", 2 * shard / inst.link_bytes_per_s + 2 * inst.hop_latency_s)
+    step = stage.scaled(layout.microbatches + pp - 1)  # 1F1B: S - 1 slots of bubble
+
+    params_per_rank = shape.parameters() / (tp * pp)
+    grad_bytes = params_per_rank * (2 if layout.precision == "bf16" else 4)
+    if dp > 1:
+        step.add("dp collectives", data_parallel_seconds(grad_bytes, layout, cal))
+    # AdamW/LAMB: read parameter, gradient and two moments, write parameter and moments (fp32
+    # master copies under "mixed" and "fp32", plus the bf16 copy under "mixed").
+    state_bytes = {"bf16": 2 * 7, "mixed": 4 * 7 + 2, "fp32": 4 * 7}[layout.precision]
+    shard = params_per_rank / (dp if layout.zero1 else 1)
+    step.add("optimizer", shard * state_bytes / inst.hbm_bytes_per_s)
+    return step
+
+
+@dataclass(frozen=True)
+class InferenceEstimate:
+    ttft: float  # seconds to the first token (prefill)
+    tpot: float  # seconds per output token after it (decode)
+    batch: int
+    output_len: int
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.batch * self.output_len / (self.ttft + (self.output_len - 1) * self.tpot)
+
+
+def inference(
+    shape: Shape, request: InferenceRequest, cal: Calibration = CALIBRATION
+) -> InferenceEstimate:
+    """Prefill of the prompt, then decode steps at the mean context length."""
+    inst, tp, b = request.instance, request.tp, request.batch
+    prefill, _ = _layer_forward(shape, inst, b, request.input_len, request.input_len, tp, True, cal)
+    prefill_layer = prefill.total + _tp_collectives(shape, inst, b * request.input_len, tp, 2, cal)
+    weight_read = shape.head_flops(1, tp) / 2 * request.weight_bytes
+    head_seconds = weight_read / (inst.hbm_bytes_per_s * cal.hbm_efficiency)
+    ttft = shape.layers * prefill_layer + head_seconds
+
+    context = request.input_len + request.output_len / 2
+    per_layer_weights = (shape.parameters() - 2 * shape.vocab * shape.hidden) / shape.layers
+    weights = per_layer_weights / tp * request.weight_bytes
+    kv = b * context * 2 * shape.kv_heads_per_rank(tp) * shape.head_dim * 2
+    memory = (weights + kv) / (inst.hbm_bytes_per_s * cal.hbm_efficiency)
+    decode, _ = _layer_forward(shape, inst, b, 1, int(context), tp, False, cal)
+    compute = decode.total - cal.layer_overhead_s
+    comms = _tp_collectives(shape, inst, b, tp, 2, cal)
+    tpot = shape.layers * (max(memory, compute) + cal.layer_overhead_s + comms) + head_seconds
+    return InferenceEstimate(ttft, tpot, b, request.output_len)
+
+
+def with_calibration(cal: Calibration, **changes: float) -> Calibration:
+    return replace(cal, **changes)

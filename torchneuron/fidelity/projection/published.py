@@ -1,0 +1,277 @@
+"""The analytic projection against every AWS figure whose configuration is fully stated.
+
+``python -m torchneuron.fidelity.projection.published`` prints, per published figure
+(aws_figures/training.csv and inference.csv: each row names its source file, commit and
+line in aws-neuron/aws-neuron-sdk), the projection and its error, then the error
+distribution of the calibration rows and of the held-out rows separately. ``--markdown``
+prints the tables docs/fidelity.md carries (tests/test_projection_published.py checks they
+are the same); ``--calibrate`` fits the five constants of ``analytic.Calibration`` on the
+calibration rows and prints them.
+
+The calibration rows are those of the models in ``CALIBRATION_MODELS``; every other row is
+held out, so a model's figures are either all fitted or all predicted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import functools
+import math
+import statistics
+import sys
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from .analytic import (
+    CALIBRATION,
+    Calibration,
+    InferenceRequest,
+    TrainingLayout,
+    inference,
+    training_step,
+)
+from .hardware import find_instance
+from .shapes import find_shape
+
+FIGURES = Path(__file__).parent / "aws_figures"
+# Where the fit starts: round guesses, not the fitted values, so refitting reproduces them.
+FIT_START = Calibration(
+    matmul_efficiency=0.5,
+    link_efficiency=0.5,
+    hbm_efficiency=0.7,
+    layer_overhead_s=50e-6,
+    collective_overhead_s=20e-6,
+)
+CALIBRATION_MODELS = {"bert-large", "llama-2-13b", "gpt3-46b", "llama-3.1-8b", "llama-3-70b"}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One published figure and its projection."""
+
+    id: str
+    kind: str  # "training" or "inference"
+    model: str
+    config: str
+    published: float
+    projected: float
+    unit: str
+    source: str
+    calibration: bool
+    extra: str = ""  # inference: TTFT and TPOT, published and projected
+
+    @property
+    def error(self) -> float:
+        return self.projected / self.published - 1.0
+
+
+def _flag(value: str) -> bool:
+    return value.strip().lower() == "true"
+
+
+_NOT_CONFIGURATION = {
+    "id",
+    "sdk",
+    "source",
+    "note",
+    "sequences_per_s",
+    "ttft_ms",
+    "tpot_ms",
+    "output_tokens_per_s",
+}
+
+
+def _sdk_key(row: dict[str, str]) -> tuple[int, ...]:
+    """Orders SDK labels; unlabelled and unstated figures are the oldest."""
+    try:
+        return tuple(int(part) for part in row["sdk"].split("."))
+    except ValueError:
+        return ()
+
+
+@functools.cache
+def _load(name: str, newest_only: bool = True) -> tuple[dict[str, str], ...]:
+    """The figures of aws_figures/`name`; with `newest_only`, the one of the newest SDK per
+    configuration (the projection models current software; AWS republished many
+    configurations as each SDK improved them)."""
+    with open(FIGURES / name, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not newest_only:
+        return tuple(rows)
+    newest: dict[tuple[str, ...], dict[str, str]] = {}
+    for row in rows:
+        key = tuple(v for k, v in row.items() if k not in _NOT_CONFIGURATION)
+        if key not in newest or _sdk_key(row) >= _sdk_key(newest[key]):
+            newest[key] = row
+    return tuple(sorted(newest.values(), key=lambda r: r["id"]))
+
+
+def _is_calibration(model: str) -> bool:
+    key = model.lower().removesuffix("-instruct").removesuffix("-hf")
+    return key in CALIBRATION_MODELS
+
+
+def training_rows(cal: Calibration = CALIBRATION, newest_only: bool = True) -> list[Row]:
+    rows = []
+    for r in _load("training.csv", newest_only):
+        layout = TrainingLayout(
+            instance=find_instance(r["instance"]),
+            nodes=int(r["nodes"]),
+            seq=int(r["seq"]),
+            micro_batch=int(r["micro_batch"]),
+            global_batch=int(r["global_batch"]),
+            tp=int(r["tp"]),
+            pp=int(r["pp"]),
+            dp=int(r["dp"]),
+            sequence_parallel=_flag(r["sp"]),
+            zero1=_flag(r["zero1"]),
+            checkpointing=r["checkpointing"],
+            precision=r["precision"],
+        )
+        step = training_step(find_shape(r["model"]), layout, cal)
+        config = (
+            f"{r['nodes']}n s{r['seq']} tp{r['tp']} pp{r['pp']} dp{r['dp']}"
+            f"{' sp' if layout.sequence_parallel else ''}{' z1' if layout.zero1 else ''}"
+            f" ckpt={r['checkpointing']} mb{r['micro_batch']} gb{r['global_batch']} "
+            f"{r['precision']} sdk {r['sdk']}"
+        )
+        rows.append(
+            Row(
+                r["id"], "training", r["model"], config, float(r["sequences_per_s"]),
+                layout.global_batch / step.total, "seq/s", r["source"], _is_calibration(r["model"]),
+            )
+        )  # fmt: skip
+    return rows
+
+
+def inference_rows(cal: Calibration = CALIBRATION, newest_only: bool = True) -> list[Row]:
+    rows = []
+    for r in _load("inference.csv", newest_only):
+        request = InferenceRequest(
+            instance=find_instance(r["instance"]),
+            tp=int(r["tp"]),
+            batch=int(r["batch"]),
+            input_len=int(r["input_len"]),
+            output_len=int(r["output_len"]),
+            weight_bytes=1 if r["weights"] == "int8" else 2,
+        )
+        estimate = inference(find_shape(r["model"]), request, cal)
+        config = (
+            f"{r['instance']} tp{r['tp']} b{r['batch']} in{r['input_len']} "
+            f"out{r['output_len']} {r['weights']} sdk {r['sdk']}"
+        )
+        extra = (
+            f"TTFT {float(r['ttft_ms']):.0f}/{estimate.ttft * 1e3:.0f} ms, "
+            f"TPOT {float(r['tpot_ms']):.1f}/{estimate.tpot * 1e3:.1f} ms"
+        )
+        rows.append(
+            Row(
+                r["id"], "inference", r["model"], config, float(r["output_tokens_per_s"]),
+                estimate.output_tokens_per_s, "tok/s", r["source"], _is_calibration(r["model"]),
+                extra,
+            )
+        )  # fmt: skip
+    return rows
+
+
+def all_rows(cal: Calibration = CALIBRATION, newest_only: bool = True) -> list[Row]:
+    return training_rows(cal, newest_only) + inference_rows(cal, newest_only)
+
+
+def _latency_errors(cal: Calibration, calibration: bool) -> list[float]:
+    """log errors of TTFT and TPOT of the inference rows (the fit uses them too)."""
+    errors = []
+    for r in _load("inference.csv"):
+        if _is_calibration(r["model"]) != calibration:
+            continue
+        request = InferenceRequest(
+            find_instance(r["instance"]), int(r["tp"]), int(r["batch"]), int(r["input_len"]),
+            int(r["output_len"]), 1 if r["weights"] == "int8" else 2,
+        )  # fmt: skip
+        estimate = inference(find_shape(r["model"]), request, cal)
+        errors.append(math.log(estimate.ttft * 1e3 / float(r["ttft_ms"])))
+        errors.append(math.log(estimate.tpot * 1e3 / float(r["tpot_ms"])))
+    return errors
+
+
+def calibrate() -> Calibration:
+    """The constants that minimise the mean absolute log error of the calibration rows'
+    throughputs, TTFTs and TPOTs (Nelder-Mead over the constants' logarithms)."""
+    from scipy.optimize import minimize
+
+    names = [f.name for f in fields(Calibration)]
+    start = [math.log(getattr(FIT_START, n)) for n in names]
+
+    def loss(logs: list[float]) -> float:
+        cal = Calibration(**{n: math.exp(v) for n, v in zip(names, logs, strict=True)})
+        if cal.matmul_efficiency > 1 or cal.link_efficiency > 1 or cal.hbm_efficiency > 1:
+            return 1e9
+        errors = [math.log(1 + r.error) for r in all_rows(cal) if r.calibration]
+        errors += _latency_errors(cal, calibration=True)
+        return sum(abs(e) for e in errors) / len(errors)
+
+    result = minimize(loss, start, method="Nelder-Mead", options={"maxiter": 2000, "xatol": 1e-4})
+    return Calibration(**{n: math.exp(v) for n, v in zip(names, result.x, strict=True)})
+
+
+def summary(rows: list[Row]) -> str:
+    lines = []
+    for label, chosen in (
+        ("calibration", [r for r in rows if r.calibration]),
+        ("held out", [r for r in rows if not r.calibration]),
+        ("all", rows),
+    ):
+        errors = sorted(abs(r.error) for r in chosen)
+        if not errors:
+            continue
+        within = sum(e <= 0.35 for e in errors)
+        lines.append(
+            f"{label}: {len(errors)} figures, median |error| {statistics.median(errors):.1%}, "
+            f"largest {errors[-1]:.1%}, {within} within 35%"
+        )
+    return "\n".join(lines)
+
+
+def markdown(rows: list[Row]) -> str:
+    out = ["| id | model | configuration | published | projected | error | set | source |"]
+    out.append("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        config = f"{r.config}; {r.extra}" if r.extra else r.config
+        out.append(
+            f"| {r.id} | {r.model} | {config} | {r.published:,.1f} {r.unit} | "
+            f"{r.projected:,.1f} | {r.error:+.1%} | {'fit' if r.calibration else 'held out'} | "
+            f"{r.source} |"
+        )
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m torchneuron.fidelity.projection.published", description=__doc__
+    )
+    p.add_argument("--markdown", action="store_true", help="the tables of docs/fidelity.md")
+    p.add_argument("--calibrate", action="store_true", help="fit the calibrated constants")
+    p.add_argument(
+        "--all", action="store_true", help="every figure, not only each configuration's newest"
+    )
+    a = p.parse_args(argv)
+    if a.calibrate:
+        print(calibrate())
+        return 0
+    rows = all_rows(newest_only=not a.all)
+    if a.markdown:
+        print(markdown(rows))
+    else:
+        for r in rows:
+            print(
+                f"{r.id:<6}{r.model:<26}{r.published:>12.1f}{r.projected:>12.1f} {r.unit:<6}"
+                f"{r.error:>+8.1%}  {'fit' if r.calibration else 'held out'}  {r.extra}"
+            )
+    print()
+    print(summary(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

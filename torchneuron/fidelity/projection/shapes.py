@@ -1,0 +1,104 @@
+"""Transformer shapes of the models in AWS's published figures, and what one token costs in
+each layer: matmul FLOPs, attention FLOPs, and the elementwise work of norms, activations and
+residuals.
+
+Dimensions are the models' published configurations (Hugging Face config.json of each model;
+for GPT3-23B/46B/175B, neuronx-nemo-megatron's gpt_23b.sh, gpt_46b.sh and gpt_175b.sh).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Shape:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    vocab: int
+    gated_mlp: bool = True  # SwiGLU (three matrices) or GELU (two)
+    causal: bool = True
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    def parameters(self) -> int:
+        h, f = self.hidden, self.ffn
+        attention = h * h * 2 + 2 * h * self.kv_heads * self.head_dim
+        mlp = (3 if self.gated_mlp else 2) * h * f
+        return self.layers * (attention + mlp) + 2 * self.vocab * h
+
+    def kv_heads_per_rank(self, tp: int) -> int:
+        """KV heads each TP rank holds: divided while tp allows, replicated beyond."""
+        return max(self.kv_heads // tp, 1)
+
+    def layer_matmul_flops(self, tokens: int, tp: int) -> float:
+        """Forward FLOPs of one layer's projections for `tokens` tokens on one TP rank."""
+        h, f, d = self.hidden, self.ffn, self.head_dim
+        q_and_out = 2 * h * h // tp
+        kv = 2 * h * self.kv_heads_per_rank(tp) * d
+        mlp = (3 if self.gated_mlp else 2) * h * f // tp
+        return 2.0 * tokens * (q_and_out + kv + mlp)
+
+    def layer_attention_flops(self, batch: int, queries: int, keys: int, tp: int) -> float:
+        """Forward FLOPs of QK^T and AV on one TP rank; a causal kernel skips masked blocks."""
+        pairs = queries * keys
+        if self.causal and queries == keys:
+            pairs = queries * (keys + 1) / 2
+        return 2.0 * 2.0 * batch * pairs * self.hidden / tp
+
+    def layer_elementwise(self, tokens: int, tp: int, sequence_parallel: bool) -> float:
+        """Elements one TP rank's Vector engine passes over in one layer's forward: two norms
+        and two residual adds on the hidden state (divided by tp under sequence parallelism),
+        rotary embedding on q and k, the MLP activation (and gate product)."""
+        hidden_share = self.hidden / (tp if sequence_parallel else 1)
+        residual_stream = 2 * 3 * hidden_share + 2 * hidden_share
+        qk = 2 * (self.hidden + self.kv_heads_per_rank(tp) * self.head_dim * tp) / tp
+        mlp = (2 if self.gated_mlp else 1) * self.ffn / tp
+        return tokens * (residual_stream + qk + mlp)
+
+    def head_flops(self, tokens: int, tp: int) -> float:
+        """The output projection (LM head or MLM decoder) for `tokens` tokens on one TP rank."""
+        return 2.0 * tokens * self.hidden * self.vocab / tp
+
+
+def _llama(hidden: int, layers: int, heads: int, kv: int, ffn: int, vocab: int) -> Shape:
+    return Shape(hidden, layers, heads, kv, ffn, vocab)
+
+
+def _gpt3(hidden: int, layers: int, heads: int) -> Shape:
+    return Shape(hidden, layers, heads, heads, 4 * hidden, 50257, gated_mlp=False)
+
+
+SHAPES = {
+    "bert-large": Shape(1024, 24, 16, 16, 4096, 30522, gated_mlp=False, causal=False),
+    "gpt3-23b": _gpt3(8192, 28, 64),
+    "gpt3-46b": _gpt3(8192, 56, 64),
+    "gpt3-175b": _gpt3(12288, 96, 96),
+    "llama-2-7b": _llama(4096, 32, 32, 32, 11008, 32000),
+    "llama-2-13b": _llama(5120, 40, 40, 40, 13824, 32000),
+    "codellama-13b": _llama(5120, 40, 40, 40, 13824, 32016),
+    "llama-2-70b": _llama(8192, 80, 64, 8, 28672, 32000),
+    "mistral-7b": _llama(4096, 32, 32, 8, 14336, 32000),
+    "llama-3-8b": _llama(4096, 32, 32, 8, 14336, 128256),
+    "llama-3-70b": _llama(8192, 80, 64, 8, 28672, 128256),
+    "llama-3.1-405b": _llama(16384, 126, 128, 8, 53248, 128256),
+}
+# Same shapes under other names.
+SHAPES["llama-3.1-8b"] = SHAPES["llama-3-8b"]
+SHAPES["llama-3.1-70b"] = SHAPES["llama-3-70b"]
+SHAPES["llama-3.3-70b"] = SHAPES["llama-3-70b"]
+
+
+def find_shape(model: str) -> Shape:
+    """A shape by model name, ignoring case and suffixes such as -Instruct, -hf, -v0.2."""
+    key = model.lower()
+    for suffix in ("-instruct-v0.2", "-instruct", "-hf"):
+        key = key.removesuffix(suffix)
+    if key not in SHAPES:
+        raise ValueError(f"no shape for {model!r}; known: {', '.join(sorted(SHAPES))}")
+    return SHAPES[key]
