@@ -363,6 +363,35 @@ def test_mismatched_dtypes_of_equal_size_raise_on_every_rank():
     assert run_ranks(_dtype_mismatch, 2) == {0: "ok", 1: "ok"}
 
 
+def _debug_detail(rank: int, size: int) -> str:
+    import torch.distributed as dist
+
+    assert dist.get_debug_level() == dist.DebugLevel.DETAIL
+    # DETAIL wraps the backend in a checker that compares each call's fingerprint, sequence
+    # number included, across ranks through a Gloo group before running it.
+    backend = dist.distributed_c10d._get_default_group()._get_backend(torch.device("neuron"))
+    before = backend._get_sequence_number_for_group()
+    t = torch.ones(4, device="neuron")
+    dist.all_reduce(t)
+    assert t.cpu().tolist() == [float(size)] * 4
+    assert backend._get_sequence_number_for_group() == before + 1
+    t = torch.ones(4 if rank == 0 else 5, device="neuron")
+    try:
+        dist.all_reduce(t)
+    except RuntimeError as error:
+        assert "Detected mismatch between collectives" in str(error), str(error)
+    else:
+        raise AssertionError("mismatched shapes were not reported under DETAIL")
+    return "ok"
+
+
+def test_torch_distributed_debug_detail_checks_collectives(monkeypatch):
+    """Regression (PyTorch's test_stage.py under DETAIL): the group could not be made, since
+    the backend kept no sequence numbers."""
+    monkeypatch.setenv("TORCH_DISTRIBUTED_DEBUG", "DETAIL")
+    assert run_ranks(_debug_detail, 2) == {0: "ok", 1: "ok"}
+
+
 TORCHRUN_SCRIPT = """
 import os, sys
 import torch, torch.distributed as dist

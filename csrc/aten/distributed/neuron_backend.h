@@ -66,6 +66,11 @@ class NeuronBackend final : public c10d::Backend {
                                           const c10d::AllToAllOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
 
+  // Sequence numbers as Gloo keeps them: 0 when the group is made, one more per collective
+  // (an operation made of others counts once). TORCH_DISTRIBUTED_DEBUG=DETAIL reads them.
+  void setSequenceNumberForGroup() override { sequence_number_ = 0; }
+  uint64_t getSequenceNumberForGroup() override { return sequence_number_; }
+
   // Point to point always goes through Gloo, over CPU views of the device memory, and
   // returns Gloo's own Work: the caller keeps the tensor alive until wait(), as on CUDA.
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
@@ -117,16 +122,21 @@ class NeuronBackend final : public c10d::Backend {
 
   // An operation's own timeout (dist.barrier(timeout=...), options passed to the group)
   // holds for the whole call, on either transport; unset means the group's. Restores the
-  // outer value, since some operations are made of others.
+  // outer value, since some operations are made of others. Every collective opens one, so
+  // the outermost also counts the call's sequence number.
   class CallTimeout {
    public:
     CallTimeout(NeuronBackend& backend, std::chrono::milliseconds timeout)
         : backend_(backend), outer_(backend.call_timeout_) {
+      if (backend_.call_depth_++ == 0) ++backend_.sequence_number_;
       if (timeout != c10d::kUnsetTimeout) backend_.apply_call_timeout(timeout);
     }
     CallTimeout(const CallTimeout&) = delete;
     CallTimeout& operator=(const CallTimeout&) = delete;
-    ~CallTimeout() { backend_.apply_call_timeout(outer_); }
+    ~CallTimeout() {
+      backend_.apply_call_timeout(outer_);
+      --backend_.call_depth_;
+    }
 
    private:
     NeuronBackend& backend_;
@@ -150,6 +160,8 @@ class NeuronBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> inner_;
   std::string remote_peers_;
   std::unique_ptr<nrt::dist::ShmGroup> group_;  // null: every collective goes through inner_
+  uint64_t sequence_number_ = 0;
+  int call_depth_ = 0;  // CallTimeouts open: operations made of others count once
 };
 
 }  // namespace torchneuron

@@ -21,7 +21,7 @@ from AWS's documentation (hardware.py).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from .hardware import Instance
 from .shapes import Shape
@@ -277,7 +277,3 @@ def inference(
     comms = _tp_collectives(shape, inst, b, tp, 2, cal)
     tpot = shape.layers * (max(memory, compute) + cal.layer_overhead_s + comms) + head_seconds
     return InferenceEstimate(ttft, tpot, b, request.output_len)
-
-
-def with_calibration(cal: Calibration, **changes: float) -> Calibration:
-    return replace(cal, **changes)

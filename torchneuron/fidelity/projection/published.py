@@ -26,6 +26,7 @@ from pathlib import Path
 from .analytic import (
     CALIBRATION,
     Calibration,
+    InferenceEstimate,
     InferenceRequest,
     TrainingLayout,
     inference,
@@ -145,18 +146,22 @@ def training_rows(cal: Calibration = CALIBRATION, newest_only: bool = True) -> l
     return rows
 
 
+def _inference_estimate(r: dict[str, str], cal: Calibration) -> InferenceEstimate:
+    request = InferenceRequest(
+        instance=find_instance(r["instance"]),
+        tp=int(r["tp"]),
+        batch=int(r["batch"]),
+        input_len=int(r["input_len"]),
+        output_len=int(r["output_len"]),
+        weight_bytes=1 if r["weights"] == "int8" else 2,
+    )
+    return inference(find_shape(r["model"]), request, cal)
+
+
 def inference_rows(cal: Calibration = CALIBRATION, newest_only: bool = True) -> list[Row]:
     rows = []
     for r in _load("inference.csv", newest_only):
-        request = InferenceRequest(
-            instance=find_instance(r["instance"]),
-            tp=int(r["tp"]),
-            batch=int(r["batch"]),
-            input_len=int(r["input_len"]),
-            output_len=int(r["output_len"]),
-            weight_bytes=1 if r["weights"] == "int8" else 2,
-        )
-        estimate = inference(find_shape(r["model"]), request, cal)
+        estimate = _inference_estimate(r, cal)
         config = (
             f"{r['instance']} tp{r['tp']} b{r['batch']} in{r['input_len']} "
             f"out{r['output_len']} {r['weights']} sdk {r['sdk']}"
@@ -185,11 +190,7 @@ def _latency_errors(cal: Calibration, calibration: bool) -> list[float]:
     for r in _load("inference.csv"):
         if _is_calibration(r["model"]) != calibration:
             continue
-        request = InferenceRequest(
-            find_instance(r["instance"]), int(r["tp"]), int(r["batch"]), int(r["input_len"]),
-            int(r["output_len"]), 1 if r["weights"] == "int8" else 2,
-        )  # fmt: skip
-        estimate = inference(find_shape(r["model"]), request, cal)
+        estimate = _inference_estimate(r, cal)
         errors.append(math.log(estimate.ttft * 1e3 / float(r["ttft_ms"])))
         errors.append(math.log(estimate.tpot * 1e3 / float(r["tpot_ms"])))
     return errors
