@@ -79,7 +79,9 @@ def test_decode_of_a_memory_bound_model_is_its_weights_over_hbm_bandwidth() -> N
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"tp": 8, "dp": 2}, "is not the 32 cores"),
+        ({"tp": 16, "dp": 4}, "64 cores does not lay out on 1 x trn1.32xlarge"),
+        ({"nodes": 2}, "32 cores does not lay out on 2 x trn1.32xlarge"),
+        ({"micro_batch": 0}, "micro_batch must be >= 1"),
         ({"global_batch": 102}, "not a multiple of dp"),
         ({"checkpointing": "some"}, "none, selective or full"),
         ({"precision": "fp8"}, "bf16, mixed or fp32"),
@@ -99,3 +101,16 @@ def test_unknown_models_and_instances_are_named() -> None:
         find_shape("gpt-5")
     with pytest.raises(ValueError, match="unknown instance 'trn9'"):
         find_instance("trn9")
+
+
+def test_html_plots_every_figure_against_its_projection(tmp_path: Path) -> None:
+    page = tmp_path / "published.html"
+    assert published.main(["--html", str(page)]) == 0
+    text = page.read_text()
+    training, inference_plot = re.findall(r"<svg.*?</svg>", text, re.S)[:2]
+    rows = published.all_rows()
+    for svg, kind in ((training, "training"), (inference_plot, "inference")):
+        chosen = [r for r in rows if r.kind == kind]
+        tips = re.findall(r"<title>(\S+) ", svg)
+        assert sorted(tips) == sorted(r.id for r in chosen)
+    assert "<script" not in text

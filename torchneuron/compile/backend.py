@@ -81,6 +81,12 @@ class _Metrics:
 
 metrics = _Metrics()
 
+# Each is called with every forward, backward or inference ATen graph about to be lowered
+# (fake values in node.meta["val"]) and its kind, and returns a callable that receives the
+# HostGraph it becomes: `python -m torchneuron.fidelity.projection --script` costs the graphs
+# a script compiles and counts their calls. Empty unless a tool registers itself.
+graph_observers: list[Callable[[torch.fx.GraphModule, str], Callable[[HostGraph], None]]] = []
+
 
 def _reject_options(kwargs: dict[str, Any]) -> None:
     mode = kwargs.pop("mode", None)
@@ -265,8 +271,10 @@ class HostGraph:
         self.compiled = compiled
         self.device = device
         self.device_outputs = device_outputs
+        self.calls = 0  # how often the graph ran (the projection's --script counts them)
 
     def __call__(self, args: list[Any]) -> list[Any]:
+        self.calls += 1
         try:
             return _C._call_host_graph(self.compiled, args, self.device, self.device_outputs)
         finally:
@@ -525,6 +533,10 @@ def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kw
     device = _graph_device(example_inputs)
     if device is None:  # a graph with no neuron inputs (e.g. only CPU tensors): plain Inductor
         return compile_fx_inner(gm, example_inputs, **kwargs)
+    kind = "backward" if kwargs.get("is_backward") else "forward"
+    if kwargs.get("is_inference"):
+        kind = "inference"
+    attach = [observe(gm, kind) for observe in list(graph_observers)]
     device_outputs = [
         isinstance(v, torch.Tensor) and v.device.type == _NEURON for v in _output_values(gm)
     ]
@@ -540,7 +552,10 @@ def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kw
     compiled = _compile_host_graph(gm, host_inputs, kwargs)
     with metrics.lock:
         metrics.host_graphs += 1
-    return HostGraph(compiled, device, device_outputs)
+    host_graph = HostGraph(compiled, device, device_outputs)
+    for observed in attach:
+        observed(host_graph)
+    return host_graph
 
 
 def neuron_backend(

@@ -87,6 +87,68 @@ def polyline(
     )
 
 
+def log_scatter(
+    points: Sequence[tuple[float, float, str, str]],
+    band: float = 0.35,
+    x_label: str = "published",
+    y_label: str = "projected",
+    size: int = 420,
+) -> str:
+    """(x, y, tooltip, series) points on log-log axes with the line y = x and the band
+    y = x (1 +- band); one colour per series, named in a legend."""
+    if not points:
+        return ""
+    import math
+
+    values = [v for x, y, _, _ in points for v in (x, y) if v > 0]
+    lo, hi = math.log10(min(values) / 1.5), math.log10(max(values) * 1.5)
+    margin, span = 50, size - 60
+
+    def at(x: float, y: float) -> tuple[float, float]:
+        fx = (math.log10(x) - lo) / (hi - lo)
+        fy = (math.log10(y) - lo) / (hi - lo)
+        return margin + fx * span, size - margin + 30 - fy * span
+
+    series = list(dict.fromkeys(s for _, _, _, s in points))
+    colour = {name: PALETTE[i % len(PALETTE)] for i, name in enumerate(series)}
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{size + 160}" height="{size}" '
+        'font-family="sans-serif" font-size="11">',
+        f'<rect x="{margin}" y="{size - margin + 30 - span}" width="{span}" height="{span}" '
+        'fill="none" stroke="#999"/>',
+    ]
+    for factor in (1.0, 1 + band, 1 - band):
+        (x0, y0), (x1, y1) = at(10**lo, 10**lo * factor), at(10**hi, 10**hi * factor)
+        dash = ' stroke-dasharray="4 3"' if factor != 1.0 else ""
+        out.append(
+            f'<line x1="{x0:.1f}" y1="{y0:.1f}" x2="{x1:.1f}" y2="{y1:.1f}" stroke="#888"{dash}/>'
+        )
+    for decade in range(math.ceil(lo), math.floor(hi) + 1):
+        x, y = at(10**decade, 10**decade)
+        out.append(f'<text x="{x:.1f}" y="{size - 5}" text-anchor="middle">{10**decade:g}</text>')
+        out.append(f'<text x="{margin - 4}" y="{y:.1f}" text-anchor="end">{10**decade:g}</text>')
+    for x, y, tip, name in points:
+        if x <= 0 or y <= 0:
+            continue
+        cx, cy = at(x, y)
+        out.append(
+            f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="3.5" fill="{colour[name]}" '
+            f'fill-opacity="0.75"><title>{html.escape(tip)}</title></circle>'
+        )
+    for i, name in enumerate(series):
+        out.append(
+            f'<rect x="{size + 10}" y="{20 + 18 * i}" width="10" height="10" '
+            f'fill="{colour[name]}"/><text x="{size + 26}" y="{29 + 18 * i}">'
+            f"{html.escape(name)}</text>"
+        )
+    out.append(
+        f'<text x="{size + 10}" y="{40 + 18 * len(series)}">dashed: ±{band:.0%}</text>'
+        f'<text x="{margin}" y="12">{html.escape(y_label)} (log) against '
+        f"{html.escape(x_label)} (log)</text></svg>"
+    )
+    return "".join(out)
+
+
 def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
     body = "".join(

@@ -1,55 +1,107 @@
-"""Projected step time, tokens/s and MFU of a step on Trainium, from a fake-tensor trace.
+"""Projected time of a training step or of inference on a Trainium or Inferentia2 instance.
 
-Each op of the traced step costs its FLOPs (PyTorch's flop formulas) and the bytes it reads
-and writes; on a target it takes the longer of FLOPs / Tensor-engine peak (BF16 or FP32 by
-its dtype) and bytes / HBM bandwidth, as if nothing were fused. A layout divides the work by
-tp and adds ring collectives over NeuronLink without overlap. Both choices are pessimistic
-(see docs/fidelity.md for how far this lands from AWS's published throughputs).
+Presets and configs go through the calibrated analytic model (analytic.py: per-engine layer
+costs, collectives, the layout's schedule; five constants fitted on AWS's published figures,
+which published.py checks it against). A script's own compiled graphs go through the same
+engine model op by op (graphs.py). docs/fidelity.md §4–5 states the model and its error.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
-from ..fit.chips import Target, find_target, targets
-from ..fit.layout import Layout
-from ..fit.model_source import build_model, load_config
-from ..fit.step import StepSpec, run_step
-from .op_costs import OpCostMode, StepCosts
-from .roofline import Projection, project
-
-
-def trace_costs(config: Any, spec: StepSpec) -> tuple[StepCosts, int]:
-    """(per-op costs of one replica's step, parameter bytes), traced with fake tensors."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    with FakeTensorMode():
-        model = build_model(config, spec.torch_dtype)
-        param_bytes = sum(p.nbytes for p in model.parameters())
-        with OpCostMode() as mode:
-            run_step(model, spec)
-    return mode.costs, param_bytes
+from .analytic import (
+    CALIBRATION,
+    Breakdown,
+    Calibration,
+    InferenceEstimate,
+    InferenceRequest,
+    TrainingLayout,
+    inference,
+    training_step,
+)
+from .hardware import INSTANCES, Instance, find_instance
+from .shapes import SHAPES, Shape, find_shape, shape_from_config
 
 
-def project_step(
-    model: str,
-    spec: StepSpec | None = None,
-    layout: Layout | None = None,
-    chips: list[str] | None = None,
-) -> list[Projection]:
-    spec = spec or StepSpec()
-    layout = layout or Layout()
-    config = load_config(model)
-    costs, param_bytes = trace_costs(config, spec)
-    element = 2 if spec.autocast or spec.dtype != "fp32" else 4
-    rows = spec.batch * (spec.seq if spec.training else 1)
-    activation = rows * int(config.hidden_size) * element
-    layers = int(getattr(config, "num_hidden_layers", 1))
-    chosen: list[Target] = [find_target(c) for c in chips] if chips else targets()
-    return [
-        project(costs, t, layout, spec.tokens, param_bytes, activation, layers, spec.training)
-        for t in chosen
-    ]
+def resolve_shape(model: str) -> Shape:
+    """A model's shape: a published model's name (shapes.SHAPES), a fit preset, a config.json
+    or a checkpoint directory."""
+    from ..fit.model_source import load_config
+
+    try:
+        return find_shape(model)
+    except ValueError:
+        pass
+    try:
+        return shape_from_config(load_config(model))
+    except ValueError as error:
+        raise ValueError(f"{error}; or one of the published models: {', '.join(SHAPES)}") from None
 
 
-__all__ = ["Projection", "StepCosts", "project_step", "trace_costs"]
+@dataclass(frozen=True)
+class TrainingProjection:
+    layout: TrainingLayout
+    step: Breakdown  # seconds of one optimizer step, by kind
+    model_flops: float  # of one step, the whole layout (6 x parameters x tokens + attention)
+
+    @property
+    def seconds(self) -> float:
+        return self.step.total
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.layout.global_batch * self.layout.seq / self.seconds
+
+    @property
+    def sequences_per_s(self) -> float:
+        return self.layout.global_batch / self.seconds
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs per second over the BF16 Tensor-engine peak of the cores used."""
+        lay = self.layout
+        cores = lay.tp * lay.pp * lay.dp
+        return self.model_flops / self.seconds / (cores * lay.instance.matmul_bf16_flops)
+
+
+def model_flops(shape: Shape, tokens: int, seq: int) -> float:
+    """Training FLOPs of `tokens` tokens in sequences of `seq`: 6 per parameter and token, and
+    attention's QK^T and AV (forward and backward: 3 x 4 x seq x hidden per token and layer,
+    halved by a causal mask)."""
+    attention = 12.0 * seq * shape.hidden * shape.layers * (0.5 if shape.causal else 1.0)
+    return tokens * (6.0 * shape.parameters() + attention)
+
+
+def project_training(
+    shape: Shape, layout: TrainingLayout, cal: Calibration = CALIBRATION
+) -> TrainingProjection:
+    step = training_step(shape, layout, cal)
+    return TrainingProjection(
+        layout, step, model_flops(shape, layout.global_batch * layout.seq, layout.seq)
+    )
+
+
+def project_inference(
+    shape: Shape, request: InferenceRequest, cal: Calibration = CALIBRATION
+) -> InferenceEstimate:
+    return inference(shape, request, cal)
+
+
+__all__ = [
+    "CALIBRATION",
+    "INSTANCES",
+    "Breakdown",
+    "Calibration",
+    "InferenceEstimate",
+    "InferenceRequest",
+    "Instance",
+    "Shape",
+    "TrainingLayout",
+    "TrainingProjection",
+    "find_instance",
+    "model_flops",
+    "project_inference",
+    "project_training",
+    "resolve_shape",
+]

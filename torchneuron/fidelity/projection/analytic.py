@@ -60,11 +60,17 @@ class TrainingLayout:
     precision: str = "bf16"  # "bf16" (bf16 weights), "mixed" (bf16 compute, fp32 master), "fp32"
 
     def __post_init__(self) -> None:
+        for name in ("nodes", "seq", "micro_batch", "global_batch", "tp", "pp", "dp"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         cores = self.instance.cores * self.nodes
-        if self.tp * self.pp * self.dp != cores:
+        used = self.tp * self.pp * self.dp
+        # One instance may be used in part; several instances are used whole.
+        if used > cores or (self.nodes > 1 and used != cores):
             raise ValueError(
-                f"tp {self.tp} x pp {self.pp} x dp {self.dp} = {self.tp * self.pp * self.dp} "
-                f"is not the {cores} cores of {self.nodes} x {self.instance.name}"
+                f"tp {self.tp} x pp {self.pp} x dp {self.dp} = {used} cores does not lay out on "
+                f"{self.nodes} x {self.instance.name} ({self.instance.cores} cores each): use "
+                f"{cores} cores{'' if self.nodes > 1 else ' or fewer'}"
             )
         if self.global_batch % (self.dp * self.micro_batch):
             raise ValueError(
@@ -90,6 +96,17 @@ class InferenceRequest:
     output_len: int
     weight_bytes: int = 2  # bf16; 1 for int8 weights
 
+    def __post_init__(self) -> None:
+        for name in ("tp", "batch", "input_len", "output_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.tp > self.instance.cores:
+            raise ValueError(
+                f"tp {self.tp} is more than the {self.instance.cores} cores of {self.instance.name}"
+            )
+        if self.weight_bytes not in (1, 2):
+            raise ValueError(f"weight_bytes {self.weight_bytes}: 2 (bf16) or 1 (int8)")
+
 
 @dataclass
 class Breakdown:
@@ -114,7 +131,7 @@ class Breakdown:
         return sum(self.parts.values())
 
 
-def _tile_efficiency(*dims: int) -> float:
+def tile_efficiency(*dims: int) -> float:
     """The share of the 128x128 array a matmul keeps busy when these dims are cut into tiles."""
     return math.prod(d / (128 * math.ceil(d / 128)) for d in dims)
 
@@ -180,11 +197,11 @@ def _layer_forward(
     and Performance-accuracy Tuning (neuronx-cc)")."""
     peak = inst.matmul_bf16_flops * cal.matmul_efficiency
     tokens = batch * queries
-    tiles = _tile_efficiency(shape.hidden, shape.hidden // tp, shape.ffn // tp)
+    tiles = tile_efficiency(shape.hidden, shape.hidden // tp, shape.ffn // tp)
     out = Breakdown()
     out.add("matmul", shape.layer_matmul_flops(tokens, tp) / (peak * tiles))
     attention = shape.layer_attention_flops(batch, queries, keys, tp) / (
-        peak * _tile_efficiency(shape.head_dim)
+        peak * tile_efficiency(shape.head_dim)
     )
     scores = shape.layer_attention_flops(batch, queries, keys, tp) / (4 * shape.head_dim)
     softmax = scores / inst.scalar_elements_per_s + 2 * scores / inst.vector_elements_per_s

@@ -247,6 +247,38 @@ def markdown(rows: list[Row]) -> str:
     return "\n".join(out)
 
 
+def html_page(rows: list[Row]) -> str:
+    """Projected against published figures, log-log, training and inference apart."""
+    from ..html_report import log_scatter, page
+
+    def points(kind: str) -> list[tuple[float, float, str, str]]:
+        return [
+            (
+                r.published,
+                r.projected,
+                f"{r.id} {r.model} {r.config}: {r.published:,.1f} published, "
+                f"{r.projected:,.1f} projected ({r.error:+.1%})",
+                f"{r.config.split()[0] if kind == 'inference' else 'trn1/trn1n'}, "
+                f"{'fit' if r.calibration else 'held out'}",
+            )
+            for r in rows
+            if r.kind == kind
+        ]
+
+    return page(
+        "Projected against AWS's published figures",
+        [
+            ("Summary", f"<pre>{summary(rows)}</pre>"),
+            ("Training (sequences/s)", log_scatter(sorted(points("training"), key=lambda p: p[3]))),
+            (
+                "Inference (output tokens/s)",
+                log_scatter(sorted(points("inference"), key=lambda p: p[3])),
+            ),
+            ("Every figure", f"<pre>{markdown(rows)}</pre>"),
+        ],
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m torchneuron.fidelity.projection.published", description=__doc__
@@ -256,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--all", action="store_true", help="every figure, not only each configuration's newest"
     )
+    p.add_argument("--html", type=Path, help="write the projected-against-published plots")
     a = p.parse_args(argv)
     if a.calibrate:
         print(calibrate())
@@ -271,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
             )
     print()
     print(summary(rows))
+    if a.html:
+        a.html.write_text(html_page(rows))
     return 0
 
 

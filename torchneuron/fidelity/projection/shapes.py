@@ -9,6 +9,7 @@ for GPT3-23B/46B/175B, neuronx-nemo-megatron's gpt_23b.sh, gpt_46b.sh and gpt_17
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,34 @@ SHAPES = {
 SHAPES["llama-3.1-8b"] = SHAPES["llama-3-8b"]
 SHAPES["llama-3.1-70b"] = SHAPES["llama-3-70b"]
 SHAPES["llama-3.3-70b"] = SHAPES["llama-3-70b"]
+
+
+# Encoders (no causal mask) and gated MLPs whose activation is not SiLU, by model_type.
+_ENCODERS = {"bert", "roberta", "xlm-roberta", "deberta", "deberta-v2", "electra", "distilbert"}
+_GATED_GELU = {"gemma", "gemma2", "gemma3_text", "t5gemma"}
+
+
+def shape_from_config(config: Any) -> Shape:
+    """The shape of a Transformers config: its hidden size, layers, heads (and KV heads),
+    MLP width (4 x hidden where the config has none) and vocabulary. The MLP is gated
+    (three matrices) when the activation is SiLU, as in Llama, Mistral and Qwen, or for the
+    Gemma family; otherwise it has two."""
+    hidden = int(config.hidden_size)
+    heads = int(config.num_attention_heads)
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    ffn = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None)
+    act = str(getattr(config, "hidden_act", getattr(config, "activation_function", "")))
+    model_type = str(getattr(config, "model_type", ""))
+    return Shape(
+        hidden=hidden,
+        layers=int(config.num_hidden_layers),
+        heads=heads,
+        kv_heads=int(kv),
+        ffn=int(ffn or 4 * hidden),
+        vocab=int(config.vocab_size),
+        gated_mlp=act in ("silu", "swish") or model_type in _GATED_GELU,
+        causal=model_type not in _ENCODERS,
+    )
 
 
 def find_shape(model: str) -> Shape:
