@@ -144,7 +144,7 @@ def test_cli_json_html_and_bad_input(tmp_path, capsys) -> None:  # type: ignore[
     ]
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["layout"] == {"tp": 1, "fsdp": 2, "dp": 1}
+    assert out["layout"] == {"tp": 1, "fsdp": 2, "dp": 1, "pp": 1}
     assert out["targets"][0]["target"] == "trn2 (LNC=2)" and out["targets"][0]["fits"]
     text = html.read_text()
     assert text.startswith("<!DOCTYPE html>") and "<svg" in text and "<script" not in text

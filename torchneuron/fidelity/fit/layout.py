@@ -22,21 +22,26 @@ _DDP_BUCKET_BYTES = 25 << 20  # DistributedDataParallel's default bucket_cap_mb
 
 @dataclass(frozen=True)
 class Layout:
+    """Ranks per dimension. pp (pipeline stages) is traced only (``sharded.py``): the
+    rescaling rules here refuse it."""
+
     tp: int = 1
     fsdp: int = 1
     dp: int = 1
+    pp: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("tp", "fsdp", "dp"):
+        for name in ("tp", "fsdp", "dp", "pp"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
     @property
     def cores(self) -> int:
-        return self.tp * self.fsdp * self.dp
+        return self.tp * self.fsdp * self.dp * self.pp
 
     def __str__(self) -> str:
-        return f"tp={self.tp} fsdp={self.fsdp} dp={self.dp} ({self.cores} cores)"
+        pp = f" pp={self.pp}" if self.pp > 1 else ""
+        return f"tp={self.tp} fsdp={self.fsdp} dp={self.dp}{pp} ({self.cores} cores)"
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,8 @@ def per_core_breakdown(trace: StepTrace, layout: Layout, shape: ModelShape) -> d
     The peak is found again on the sharded sizes: sharding the states moves it (often from
     the optimizer step to the end of the forward, where activations are highest).
     """
+    if layout.pp > 1:
+        raise ValueError(f"{layout}: pipeline layouts are traced, not rescaled (--traced)")
     deltas: dict[int, list[tuple[str, int]]] = {}
     for kind, record in trace.records:
         size = _core_bytes(kind, record, layout, shape)

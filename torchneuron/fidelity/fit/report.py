@@ -22,6 +22,12 @@ def format_text(report: FitReport) -> str:
         + (f", {spec.optimizer}" if spec.training else "")
         + (", gradient checkpointing" if spec.grad_checkpointing else ""),
         f"layout {report.layout}; single-device peak {gib(report.trace.peak_bytes)}",
+        (
+            "traced on a fake process group: "
+            + ", ".join(f"rank {r} {gib(t.peak_bytes)}" for r, t in report.traced_ranks.items())
+            if report.traced_ranks
+            else "rescaled from the single-device trace"
+        ),
         "",
         f"{'target':<16}{'peak/core':>12}{'capacity':>12}  fits  "
         + "".join(f"{_label(c)[:12]:>13}" for c in CATEGORIES),

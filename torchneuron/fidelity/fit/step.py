@@ -57,6 +57,12 @@ class StepResult:
     keep: list[Any]  # objects holding the above alive until the caller is done
 
 
+def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The model inside a wrapper such as DistributedDataParallel (which has ``module``)."""
+    inner = getattr(model, "module", None)
+    return inner if isinstance(inner, torch.nn.Module) else model
+
+
 def _set_phase(tracker: Any, phase: str) -> None:
     if tracker is not None:
         tracker.phase = phase
@@ -64,22 +70,29 @@ def _set_phase(tracker: Any, phase: str) -> None:
 
 def make_optimizer(model: torch.nn.Module, spec: StepSpec) -> torch.optim.Optimizer:
     from torch.utils._foreach_utils import _get_foreach_kernels_supported_devices
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
     params = [p for p in model.parameters() if p.requires_grad]
     # The default implementation PyTorch picks for real tensors of this device. Stated
     # explicitly because a fake tensor is not a plain Tensor, and PyTorch would pick the
     # per-tensor loop for it, whose temporaries are one parameter's, not all of them.
     foreach = bool(params) and params[0].device.type in _get_foreach_kernels_supported_devices()
+    # One group per kind of parameter: a foreach op refuses a list that mixes DTensors
+    # (tensor-parallel projections) with plain tensors (the embeddings and norms).
+    kinds: dict[bool, list[torch.nn.Parameter]] = {}
+    for p in params:
+        kinds.setdefault(is_traceable_wrapper_subclass(p), []).append(p)
+    groups: Any = [{"params": group} for group in kinds.values()] if len(kinds) > 1 else params
     if spec.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=1e-4, foreach=foreach)
-    return torch.optim.SGD(params, lr=1e-4, momentum=0.9, foreach=foreach)
+        return torch.optim.AdamW(groups, lr=1e-4, foreach=foreach)
+    return torch.optim.SGD(groups, lr=1e-4, momentum=0.9, foreach=foreach)
 
 
 def run_step(
     model: torch.nn.Module, spec: StepSpec, device: str = "neuron", tracker: Any = None
 ) -> StepResult:
     """Runs one step of ``spec`` on ``model`` (already on ``device``)."""
-    vocab = model.config.vocab_size
+    vocab = unwrapped(model).config.vocab_size
     autocast = (
         torch.autocast(device.split(":")[0], dtype=torch.bfloat16)
         if spec.autocast
@@ -90,7 +103,7 @@ def run_step(
     if spec.training:
         model.train()
         if spec.grad_checkpointing:
-            model.gradient_checkpointing_enable(
+            unwrapped(model).gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False}
             )
         optimizer = make_optimizer(model, spec)
@@ -108,7 +121,7 @@ def run_step(
 
     model.eval()
     _set_phase(tracker, "kv_cache")
-    cache = StaticCache(config=model.config, max_cache_len=spec.seq + spec.new_tokens)
+    cache = StaticCache(config=unwrapped(model).config, max_cache_len=spec.seq + spec.new_tokens)
     _set_phase(tracker, "forward")
     with torch.no_grad(), autocast:
         position = torch.arange(spec.seq, device=device)

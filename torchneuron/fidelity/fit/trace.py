@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from .step import StepResult, StepSpec, run_step
-from .tracker import LiveBytesTrace, LiveBytesTracker, StorageRecord
+from .step import StepResult, StepSpec, run_step, unwrapped
+from .tracker import LiveBytesTrace, LiveBytesTracker, StorageRecord, plain_tensors
 
 CATEGORIES = (
     "parameters",
@@ -53,16 +53,23 @@ def _classify(
                 kinds.setdefault(serial, name)
     for r in trace.records:
         if r.serial not in kinds:
-            kinds[r.serial] = "activations" if r.phase in ("inputs", "forward") else "temporaries"
+            if r.collective:  # gathered parameters, gradient buckets, reduce-scatter buffers
+                kinds[r.serial] = "collective_buffers"
+            elif r.phase in ("inputs", "forward"):
+                kinds[r.serial] = "activations"
+            else:
+                kinds[r.serial] = "temporaries"
     return kinds
 
 
 def trace_model_step(
-    build: Any, spec: StepSpec, fake: bool = True, device: str = "neuron"
+    build: Any, spec: StepSpec, fake: bool = True, device: str = "neuron", step: Any = run_step
 ) -> StepTrace:
     """Builds the model with ``build()`` and traces ``spec``'s step on it.
 
     ``fake=True`` runs under FakeTensorMode: no memory is allocated, any size can be traced.
+    ``step(model, spec, device=..., tracker=...)`` runs the step (``run_step``, or a
+    pipeline stage's schedule).
     """
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -70,25 +77,32 @@ def trace_model_step(
     if mode is not None:
         mode.__enter__()
     try:
-        model = build()
         tracker = LiveBytesTracker(device.split(":")[0])
-        params = {
-            s
-            for t in list(model.parameters()) + list(model.buffers())
-            if (s := tracker.register(t, "parameters")) is not None
-        }
         marks: list[tuple[str, int]] = []
         with tracker:
+            # The build is followed too: what it leaves on the device (DistributedDataParallel's
+            # gradient buckets, say) is there when the step starts, as in a real run, whose
+            # peak is measured from there. What it frees, such as the unsharded weights or the
+            # other pipeline stages' layers (cyclic garbage: hence the collection), is not.
+            model = build()
+            gc.collect()
+            params = {
+                s
+                for t in list(model.parameters()) + list(model.buffers())
+                for local in plain_tensors(t)  # a DTensor's memory is its local shard
+                if (s := tracker.register(local, "parameters")) is not None
+            }
+            start = tracker.trace.events
             phase_hook = _PhaseMarks(tracker, marks)
-            result = run_step(model, spec, device=device, tracker=phase_hook)
-        trace = tracker.trace
+            result = step(model, spec, device=device, tracker=phase_hook)
+        trace = tracker.trace.since(start)
         kinds = _classify(trace, tracker, params, result)
         peak, at = trace.peak()
         breakdown = dict.fromkeys(CATEGORIES, 0)
         for r in trace.live_at(at):
             breakdown[kinds[r.serial]] += r.nbytes
         every = [(kinds[r.serial], r) for r in trace.records]
-        config = model.config
+        config = unwrapped(model).config
         heads = int(getattr(config, "num_attention_heads", 1))
         step_trace = StepTrace(
             spec,
