@@ -12,12 +12,13 @@ or unchanged after ``torchneuron.nki.install_aliases()`` (which maps ``neuronxcc
 
 from __future__ import annotations
 
-from . import isa, language, typing  # noqa: F401
+from . import compiler, isa, language, typing  # noqa: F401
 from .aliases import install_aliases  # noqa: F401
+from .benchmarking import benchmark, profile  # noqa: F401
+from .chip_profile import current_profile  # noqa: F401
 from .cost import CostEstimate  # noqa: F401
 from .errors import NkiCapacityError, NkiError, NkiUnsupportedError  # noqa: F401
 from .launch import Kernel, baremetal, estimate, jit, simulate, simulate_kernel  # noqa: F401
-from .profile import current_profile  # noqa: F401
 from .tiles import Tile  # noqa: F401
 
 tensor = Tile  # annotation name kernels use (nki.tensor)
@@ -30,12 +31,15 @@ __all__ = [
     "NkiUnsupportedError",
     "Tile",
     "baremetal",
+    "benchmark",
+    "compiler",
     "current_profile",
     "estimate",
     "install_aliases",
     "isa",
     "jit",
     "language",
+    "profile",
     "simulate",
     "simulate_kernel",
 ]

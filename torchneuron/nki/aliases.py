@@ -10,7 +10,7 @@ import importlib.util
 import sys
 import types
 
-from . import isa, language, typing
+from . import compiler, isa, language, typing
 
 
 def _importable(name: str) -> bool:
@@ -43,7 +43,8 @@ def install_aliases(legacy: bool = True, new: bool = True) -> list[str]:
             setattr(parent, root.split(".")[1], package)
             installed.append(top)
         sys.modules[root] = package
-        for name, module in (("language", language), ("isa", isa), ("typing", typing)):
+        modules = (("language", language), ("isa", isa), ("typing", typing), ("compiler", compiler))
+        for name, module in modules:
             sys.modules[f"{root}.{name}"] = module
         installed.append(root)
     return installed

@@ -30,7 +30,7 @@ import torch
 
 from ..compile.cache_trust import NeffCacheSecurityError
 from . import cxx_build, dtypes, fusion, loop_batching, ops, row_programs
-from .interpreter import Launch, Ref, Step, _identity
+from .interpreter import Launch, Ref, Step, _identity, fit_value
 from .tiles import resolve_keys
 
 
@@ -56,9 +56,8 @@ class CompiledKernel:
 def _generic_write(
     view: np.ndarray, adv: Any, dtype: Any, values: Any, mask: Any, mode: str
 ) -> None:
-    values = np.asarray(values)
     shape = view.shape if adv is None else view[adv].shape
-    values = np.broadcast_to(values, shape)
+    values = fit_value(values, shape)
     if mode == "acc":
         current = view if adv is None else view[adv]
         values = current.astype(np.float32) + values

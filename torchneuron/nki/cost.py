@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .chip_profile import ChipProfile, current_profile
 from .interpreter import Usage
-from .profile import ChipProfile, current_profile
 
 _COMPUTE = ("vector", "scalar", "gpsimd")
 

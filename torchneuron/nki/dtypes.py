@@ -16,12 +16,28 @@ from .errors import NkiError, NkiUnsupportedError
 
 
 class NamedDtype:
-    """A dtype numpy lacks: kept as float32, rounded to `mantissa_bits` on every write."""
+    """A dtype numpy lacks: kept as float32, rounded to `mantissa_bits` on every write.
 
-    def __init__(self, name: str, mantissa_bits: int | None, itemsize: int) -> None:
+    Where ml_dtypes has the type, `dtype` is its numpy dtype, so host code converts arrays
+    with it as AWS's samples do (``x.astype(nl.bfloat16)``, ``nl.static_cast``) and numpy
+    arrays of it go into kernels."""
+
+    def __init__(
+        self, name: str, mantissa_bits: int | None, itemsize: int, numpy_name: str = ""
+    ) -> None:
         self.name = name
         self.mantissa_bits = mantissa_bits
         self.itemsize = itemsize
+        self._numpy_name = numpy_name
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The host numpy dtype (ml_dtypes), which np.dtype(nl.bfloat16) resolves to."""
+        if not self._numpy_name:
+            raise TypeError(f"{self!r} has no numpy dtype")
+        import ml_dtypes
+
+        return np.dtype(getattr(ml_dtypes, self._numpy_name))
 
     def __repr__(self) -> str:
         return f"nl.{self.name}"
@@ -30,7 +46,7 @@ class NamedDtype:
         return self.name
 
 
-bfloat16 = NamedDtype("bfloat16", 7, 2)
+bfloat16 = NamedDtype("bfloat16", 7, 2, "bfloat16")
 tfloat32 = NamedDtype("tfloat32", 10, 4)
 float8_e4m3 = NamedDtype("float8_e4m3", None, 1)
 float8_e5m2 = NamedDtype("float8_e5m2", None, 1)
@@ -60,6 +76,8 @@ def canonical(dtype: Any) -> Dtype:
         result = np.dtype(dtype)
     except TypeError as error:
         raise NkiError(f"{dtype!r} is not an NKI dtype") from error
+    if result.name in _NAMED and result.kind == "V":  # ml_dtypes' bfloat16
+        return _NAMED[result.name]
     if result.kind not in "fiub" or result.itemsize > 4:
         raise NkiError(
             f"dtype {result} is not supported on the NeuronCore; use float32, bfloat16, "
@@ -69,6 +87,11 @@ def canonical(dtype: Any) -> Dtype:
 
 
 _NAMED = {d.name: d for d in (bfloat16, tfloat32, float8_e4m3, float8_e5m2)}
+
+
+def host(dtype: Dtype) -> np.dtype:
+    """The numpy dtype host arrays of `dtype` have (ml_dtypes' for bfloat16)."""
+    return dtype.dtype if isinstance(dtype, NamedDtype) else np.dtype(dtype)
 
 
 def storage(dtype: Dtype) -> np.dtype:

@@ -61,7 +61,10 @@ def _device_alias(tensor: Any) -> np.ndarray:
 def to_hbm(value: Any) -> HbmArg | None:
     """The HBM view of a tensor argument, or None for a non-tensor argument."""
     if isinstance(value, np.ndarray):
-        return HbmArg(value, dtypes.canonical(value.dtype), value, False)
+        dtype = dtypes.canonical(value.dtype)
+        if dtypes.needs_rounding(dtype):  # ml_dtypes' bfloat16: run on a float32 copy
+            return HbmArg(value.astype(np.float32), dtype, value, True)
+        return HbmArg(value, dtype, value, False)
     if not is_tensor(value):
         return None
     torch = _torch()
@@ -85,9 +88,13 @@ def _np_dtype(tensor: Any) -> np.dtype:
 
 def write_back(args: list[HbmArg]) -> None:
     for arg in args:
-        if arg.write_back:
-            with _torch().no_grad():
-                arg.source.copy_(_torch().from_numpy(arg.array))
+        if not arg.write_back:
+            continue
+        if isinstance(arg.source, np.ndarray):
+            arg.source[...] = arg.array.astype(arg.source.dtype)
+            continue
+        with _torch().no_grad():
+            arg.source.copy_(_torch().from_numpy(arg.array))
 
 
 def torch_dtype(dtype: Any) -> Any:
@@ -123,7 +130,8 @@ class Allocator:
     def result(self, array: np.ndarray, dtype: Any) -> Any:
         """What the caller gets for an output array."""
         if self.device is None:
-            return array
+            # numpy callers get bfloat16 results as ml_dtypes arrays, as they passed them
+            return array.astype(dtypes.host(dtype)) if dtypes.needs_rounding(dtype) else array
         tensor = self.tensors.get(id(array))
         if tensor is not None:
             return tensor

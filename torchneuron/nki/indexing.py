@@ -102,6 +102,7 @@ def normalize_key(key: Any, shape: tuple[int, ...]) -> tuple[tuple[Any, ...], bo
         items[at : at + 1] = [slice(None)] * (len(shape) - (len(items) - 1))
     if len(items) > len(shape):
         raise NkiError(f"too many indices ({len(items)}) for a tensor of rank {len(shape)}")
+    beyond = []  # slices reaching past the end of their axis
     for axis, item in enumerate(items):
         size = shape[axis]
         if isinstance(item, int):
@@ -111,12 +112,30 @@ def normalize_key(key: Any, shape: tuple[int, ...]) -> tuple[tuple[Any, ...], bo
             start, stop, step = item.start, item.stop, item.step
             if (step or 1) <= 0:
                 raise NkiError("tile slices need a positive step")
-            if (start is not None and not 0 <= start <= size) or (
-                stop is not None and not 0 <= stop <= size
-            ):
+            if (start is not None and start < 0) or (stop is not None and stop < 0):
                 raise IndexError(
                     f"slice {start}:{stop} is out of bounds for axis {axis} of size {size}"
                 )
+            if (start or 0) > size or (stop is not None and stop > size):
+                beyond.append(axis)
+    if beyond:
+        if advanced or not all(isinstance(i, slice) for i in items):
+            axis = beyond[0]
+            raise IndexError(
+                f"slice {items[axis].start}:{items[axis].stop} is out of bounds for axis {axis} "
+                f"of size {shape[axis]}"
+            )
+        # A tile of slices reaching past the tensor's end (the last tile of a size that is no
+        # multiple of the tile): index expressions, which an access may use only under a
+        # mask= that keeps it inside (as on the hardware), and which fail without one.
+        rank = len(items)
+        items = [
+            np.arange(*item.indices(max(item.stop or shape[n], shape[n]))).reshape(
+                [-1 if m == n else 1 for m in range(rank)]
+            )
+            for n, item in enumerate(items)
+        ]
+        advanced = True
     return tuple(items), advanced
 
 

@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from . import dtypes
+from .chip_profile import PSUM_BANK_BYTES, PSUM_BANKS, ChipProfile, current_profile
 from .errors import NkiCapacityError, NkiError
-from .profile import PSUM_BANK_BYTES, PSUM_BANKS, ChipProfile, current_profile
 from .tiles import Buffer, Storage, Tile, check_partition, split_shape
 
 
@@ -126,7 +126,9 @@ class Launch:
         else:
             array = self.hbm_alloc(ints, dt)
         storage = Storage(array, buffer, dt, par_axis)
-        if buffer.name == "sbuf":
+        if buffer.direct:
+            self._check_direct(storage)
+        elif buffer.name == "sbuf":
             self._charge_sbuf(storage)
         elif buffer.name == "psum":
             self._charge_psum(storage)
@@ -153,6 +155,29 @@ class Launch:
             self.shared_cursor += 1
         return Tile(storage)
 
+    def _check_direct(self, storage: Storage) -> None:
+        """A directly allocated tile (nki.compiler) is placed by the kernel, which may overlap
+        tiles on purpose: it is not charged to the automatic allocator, but must lie inside
+        SBUF's partition or PSUM's banks."""
+        buffer = storage.buffer
+        blocks = max(1, int(np.prod(storage.array.shape[: storage.par_axis], dtype=np.int64)))
+        physical = min(blocks, buffer.physical_blocks or blocks)
+        if buffer.base is None:
+            return  # placed block by block by the kernel's function
+        if buffer.name == "sbuf":
+            end = buffer.base + physical * (storage.bytes_per_partition() // blocks)
+            limit = self.profile.sbuf_bytes_per_partition
+            if end > limit:
+                raise NkiCapacityError(
+                    f"ncc.sbuf.mod_alloc(base_addr={buffer.base}): {physical} tile(s) end at "
+                    f"byte {end} of a partition, beyond its {limit} bytes on {self.profile.name}"
+                )
+        elif buffer.base + physical > PSUM_BANKS:
+            raise NkiCapacityError(
+                f"ncc.psum.mod_alloc(base_bank={buffer.base}): {physical} bank(s) from bank "
+                f"{buffer.base} pass the NeuronCore's {PSUM_BANKS} banks"
+            )
+
     def _charge_sbuf(self, storage: Storage) -> None:
         amount = storage.bytes_per_partition()
         limit = self.profile.sbuf_bytes_per_partition
@@ -170,7 +195,6 @@ class Launch:
 
     def _charge_psum(self, storage: Storage) -> None:
         shape = storage.array.shape
-        blocks = int(np.prod(shape[: storage.par_axis], dtype=np.int64))
         free = int(np.prod(shape[storage.par_axis + 1 :], dtype=np.int64))
         per_block = free * dtypes.itemsize(storage.dtype)
         if per_block > PSUM_BANK_BYTES:
@@ -179,7 +203,7 @@ class Launch:
                 f"one {PSUM_BANK_BYTES}-byte PSUM bank (at most {PSUM_BANK_BYTES // 4} float32 "
                 "in the free dimension)"
             )
-        banks = max(blocks, 1)
+        banks = max(int(np.prod(shape[: storage.par_axis], dtype=np.int64)), 1)
         if self.psum_live + banks > PSUM_BANKS:
             raise NkiCapacityError(
                 f"PSUM is full: this tile needs {banks} bank(s) with {self.psum_live} live; the "
@@ -237,15 +261,27 @@ def read(tile: Tile, masked: bool) -> np.ndarray:
     return tile.view[tile.adv]
 
 
-def write(tile: Tile, values: Any, mask: Any, mode: str) -> None:
+def fit_value(values: Any, shape: tuple[int, ...]) -> np.ndarray:
+    """`values` as a write into a tile of `shape` sees them: broadcast as numpy does, or, for a
+    value with the same partition dimension and the same elements as the tile but other unit
+    dimensions (a (128,) reduction written to a (128, 1) tile), reshaped, as the hardware
+    addresses both the same way."""
     values = np.asarray(values)
-    if values.shape != tile.shape:
-        try:
-            values = np.broadcast_to(values, tile.shape)
-        except ValueError:
-            raise NkiError(
-                f"cannot write a value of shape {values.shape} to a tile of shape {tile.shape}"
-            ) from None
+    if values.shape == shape:
+        return values
+    try:
+        return np.broadcast_to(values, shape)
+    except ValueError:
+        squeezed = tuple(d for d in values.shape if d != 1)
+        if values.shape[:1] == shape[:1] and squeezed == tuple(d for d in shape if d != 1):
+            return values.reshape(shape)
+        raise NkiError(
+            f"cannot write a value of shape {values.shape} to a tile of shape {shape}"
+        ) from None
+
+
+def write(tile: Tile, values: Any, mask: Any, mode: str) -> None:
+    values = fit_value(values, tile.shape)
     if mode == "acc":
         values = read(tile, mask is not None).astype(np.float32) + values
     if dtypes.needs_rounding(tile.dtype):

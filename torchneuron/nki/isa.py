@@ -17,7 +17,8 @@ from . import isa_elementwise, isa_statistics_gpsimd_dma, isa_tensor_engine  # n
 from .instruction import INSTRUCTIONS
 
 _ENUMS_AND_QUERIES = [
-    "dge_mode", "engine", "get_nc_version", "nc_version", "oob_mode", "reduce_cmd"
+    "dge_mode", "engine", "get_nc_version", "nc_version", "oob_mode", "reduce_cmd",
+    "unknown_engine", "tensor_engine", "vector_engine", "scalar_engine", "gpsimd_engine",
 ]  # fmt: skip
 _INSTRUCTION_NAMES: list[str] = []
 for _instruction in INSTRUCTIONS.values():
@@ -40,6 +41,14 @@ class engine(enum.Enum):  # noqa: N801  (NKI's names)
     sync = 5
 
 
+# The legacy generation's names for the engines (``engine=nisa.vector_engine``).
+unknown_engine = engine.unknown
+tensor_engine = engine.tensor
+vector_engine = engine.vector
+scalar_engine = engine.scalar
+gpsimd_engine = engine.gpsimd
+
+
 class reduce_cmd(enum.Enum):  # noqa: N801
     idle = 0
     reset = 1
@@ -60,14 +69,14 @@ class oob_mode(enum.Enum):  # noqa: N801
     skip = 1
 
 
-class nc_version(enum.Enum):  # noqa: N801
+class nc_version(enum.IntEnum):  # noqa: N801  (ordered: kernels test >= gen3)
     gen2 = 2
     gen3 = 3
     gen4 = 4
 
 
 def get_nc_version() -> nc_version:
-    from .profile import target_name
+    from .chip_profile import target_name
 
     return {"trn1": nc_version.gen2, "trn2": nc_version.gen3, "trn3": nc_version.gen4}[
         target_name()

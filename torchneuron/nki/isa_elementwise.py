@@ -73,7 +73,7 @@ def activation(
     if reduce is not None:
         if reduce_res is None:
             raise NkiError("nisa.activation: reduce_op needs a reduce_res tile")
-        if reduce_res.shape != (data.shape[0], 1):
+        if reduce_res.shape not in ((data.shape[0], 1), (data.shape[0],)):
             raise NkiError(f"nisa.activation: reduce_res must have shape [{data.shape[0]}, 1]")
         outs.append((reduce_res, None, "set"))
     body = _activation_body(name, isinstance(scale, Tile), isinstance(bias, Tile), reduce)
@@ -264,6 +264,66 @@ def _tensor_scalar_legacy(
         data.shape, dtype or (data.dtype if dtypes.is_float(data.dtype) else dtypes.float32)
     )
     tensor_scalar.into(out, data, op0, operand0, reverse0, op1, operand1, reverse1, mask=mask)
+    return out
+
+
+@instruction("vector")
+def tensor_scalar_reduce(
+    dst: Tile,
+    data: Tile,
+    op0: Any,
+    operand0: Any,
+    reduce_op: Any,
+    reduce_res: Tile,
+    reverse0: bool = False,
+    mask: Any = None,
+    **_: Any,
+) -> None:
+    """dst = data op0 operand0, and reduce_res[:, 0] = reduce_op of that over all free axes
+    (one instruction on the Vector engine)."""
+    what = "nisa.tensor_scalar_reduce"
+    data = on_chip_operand(data, what)
+    first = ops.BINARY[ops.op_name(op0)]
+    reduce = ops.op_name(reduce_op)
+    if reduce not in ("add", "maximum", "minimum", "multiply"):
+        raise NkiError(f"{what}: reduce_op must be add, multiply, max or min, got {reduce}")
+    if not isinstance(reduce_res, Tile) or reduce_res.shape not in (
+        (data.shape[0], 1),
+        (data.shape[0],),
+    ):
+        raise NkiError(f"{what}: reduce_res must be a [{data.shape[0]}, 1] tile")
+    a0 = _scalar_operand(operand0, data, what)
+    free_axes = tuple(range(1, len(data.shape)))
+    combine = ops.REDUCE[reduce]
+
+    def body(x: Any, s0: Any) -> Any:
+        x = ops.f32(x)
+        s0 = ops.pad(ops.f32(s0), x.ndim)
+        y = first(s0, x) if reverse0 else first(x, s0)
+        return y, combine(y, axis=free_axes).reshape(x.shape[0], 1)
+
+    outs = [(dst, mask, "set"), (reduce_res, None, "set")]
+    interpreter.execute(body, [data, a0], outs, "vector", ops.free_size(data.shape))
+
+
+@tensor_scalar_reduce.legacy
+def _tensor_scalar_reduce_legacy(
+    data: Tile,
+    op0: Any,
+    operand0: Any,
+    reduce_op: Any,
+    reduce_res: Tile,
+    reverse0: bool = False,
+    *,
+    dtype: Any = None,
+    mask: Any = None,
+    **_: Any,
+) -> Tile:
+    data = on_chip_operand(data, "nisa.tensor_scalar_reduce")
+    out = ndarray(
+        data.shape, dtype or (data.dtype if dtypes.is_float(data.dtype) else dtypes.float32)
+    )
+    tensor_scalar_reduce.into(out, data, op0, operand0, reduce_op, reduce_res, reverse0, mask=mask)
     return out
 
 

@@ -8,10 +8,10 @@ from typing import Any
 import numpy as np
 
 from . import dtypes, interpreter, ops
+from .chip_profile import BN_STATS_FMAX
 from .errors import NkiError
 from .instruction import instruction, on_chip_operand
 from .language import dma, ndarray
-from .profile import BN_STATS_FMAX
 from .tiles import Tile
 
 

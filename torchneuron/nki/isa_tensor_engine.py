@@ -7,10 +7,10 @@ from typing import Any
 import numpy as np
 
 from . import dtypes, interpreter, ops
-from .errors import NkiError, NkiUnsupportedError
+from .chip_profile import PARTITIONS, target_name
+from .errors import NkiError
 from .instruction import instruction, on_chip_operand
-from .language import ndarray
-from .profile import PARTITIONS
+from .language import copy, ndarray
 from .tiles import Tile, psum, sbuf
 
 
@@ -28,19 +28,34 @@ def nc_matmul(
     mask: Any = None,
     **_: Any,
 ) -> None:
-    """dst (PSUM, float32) = stationary.T @ moving; accumulates unless accumulate=False."""
-    if is_transpose:
-        raise NkiUnsupportedError("nc_matmul(is_transpose=True): use nisa.nc_transpose")
-    ops.matmul_into(dst, stationary, moving, accumulate is not False, mask, "nisa.nc_matmul")
+    """dst (PSUM, float32) = stationary.T @ moving; accumulates unless accumulate=False.
+    is_transpose=True is the Tensor engine's transpose mode (moving is an identity matrix, so
+    dst is stationary.T, in dst's dtype): the same product, written without accumulating."""
+    accumulate = accumulate is not False and not is_transpose
+    ops.matmul_into(dst, stationary, moving, accumulate, mask, "nisa.nc_matmul", is_transpose)
 
 
 @nc_matmul.legacy
 def _nc_matmul_legacy(
     stationary: Tile, moving: Tile, *, is_transpose: bool = False, mask: Any = None, **_: Any
 ) -> Tile:
-    if is_transpose:
-        raise NkiUnsupportedError("nc_matmul(is_transpose=True): use nisa.nc_transpose")
+    # The legacy generation places instruction results itself: a PSUM result used as an
+    # operand (AWS's flash-attention backward passes nc_transpose's tile) is moved to SBUF
+    # first, as its compiler and simulator do; here that is an explicit Vector-engine copy.
+    stationary, moving = (_in_sbuf(t) for t in (stationary, moving))
+    if is_transpose:  # transpose mode: the result keeps the input's dtype from NeuronCore-v3
+        _, m, n = ops.check_matmul(stationary, moving, "nisa.nc_matmul")
+        gen3 = target_name() != "trn1"
+        out = ndarray((m, n), stationary.dtype if gen3 else dtypes.float32, buffer=psum)
+        nc_matmul.into(out, stationary, moving, is_transpose=True, mask=mask)
+        return out
     return ops.matmul_result(stationary, moving, mask, "nisa.nc_matmul")
+
+
+def _in_sbuf(operand: Any) -> Any:
+    if isinstance(operand, Tile) and operand.buffer.name == "psum":
+        return copy(operand)
+    return operand
 
 
 @instruction("tensor")

@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from . import interpreter, ops
+from . import dtypes, interpreter, ops
+from .chip_profile import BN_STATS_FMAX, GEMM_MOVING_FMAX, GEMM_STATIONARY_FMAX, PARTITIONS
 from .dtypes import (  # noqa: F401  (re-exported NKI names)
     bfloat16,
     bool_,
@@ -29,9 +30,10 @@ from .dtypes import (  # noqa: F401  (re-exported NKI names)
     uint16,
     uint32,
 )
+from .dtypes import canonical as _canonical
+from .dtypes import host as _host_dtype
 from .errors import NkiError
 from .indexing import arange, ds, mgrid  # noqa: F401
-from .profile import BN_STATS_FMAX, GEMM_MOVING_FMAX, GEMM_STATIONARY_FMAX, PARTITIONS
 from .tiles import Tile, hbm, par_dim, private_hbm, psum, sbuf, shared_hbm  # noqa: F401
 
 bool = bool_  # noqa: A001  (NKI exposes nl.bool_; some kernels write nl.bool)
@@ -50,6 +52,11 @@ class tile_size:  # noqa: N801  (NKI's name)
 
 
 # -- allocation ------------------------------------------------------------------------
+def static_cast(array: Any, dtype: Any) -> np.ndarray:
+    """Host-side: a numpy array converted to an NKI dtype (bfloat16 as ml_dtypes')."""
+    return np.asarray(array).astype(_host_dtype(_canonical(dtype)))
+
+
 def ndarray(
     shape: Any, dtype: Any = float32, *, buffer: Any = None, name: str = "", **_: Any
 ) -> Tile:
@@ -252,6 +259,7 @@ maximum = _binary("maximum")
 minimum = _binary("minimum")
 power = _binary("power")
 fmod = _binary("fmod")
+mod = _binary("mod")
 equal = _binary("equal")
 not_equal = _binary("not_equal")
 greater = _binary("greater")
@@ -289,6 +297,34 @@ def where(condition: Any, x: Any, y: Any, *, dtype: Any = None, mask: Any = None
 
 
 # -- reductions ------------------------------------------------------------------------
+_REDUCE_IDENTITY = {"add": 0.0, "maximum": -np.inf, "minimum": np.inf, "multiply": 1.0}
+
+
+def _broadcasts(mask: Any, shape: tuple[int, ...]) -> bool:
+    try:
+        return np.broadcast_shapes(np.shape(mask), shape) == tuple(shape)
+    except ValueError:
+        return False
+
+
+def _masked_reduction(
+    body: Callable[..., Any], op: str, x: Tile, mask: Any, axes: tuple[int, ...], keepdims: bool
+) -> tuple[Callable[..., Any], list[Any], Any]:
+    """(body, inputs, output mask) of a reduction whose mask covers its input."""
+    if op not in _REDUCE_IDENTITY or not _broadcasts(mask, x.shape):
+        raise NkiError(
+            f"a mask of shape {np.shape(mask)} fits neither the reduction's input {x.shape} "
+            "nor its output"
+        )
+    where = np.broadcast_to(np.asarray(mask, dtype=bool), x.shape)
+    identity = np.float32(_REDUCE_IDENTITY[op])
+
+    def masked(v: Any, keep: Any) -> Any:
+        return body(np.where(keep, v, identity))
+
+    return masked, [x, where], where.any(axis=axes, keepdims=keepdims)
+
+
 def _reduction(name: str, op: str) -> Callable[..., Tile]:
     def fn(
         x: Tile, axis: Any, *, dtype: Any = None, mask: Any = None, keepdims: bool = False, **_: Any
@@ -311,7 +347,13 @@ def _reduction(name: str, op: str) -> Callable[..., Tile]:
 
             body.lowering = ("reduce", op, axes, keepdims, False, count)  # type: ignore[attr-defined]
 
-        interpreter.execute(body, [x], [(out, mask, "set")], "vector", ops.free_size(x.shape))
+        ins: list[Any] = [x]
+        if mask is not None and not _broadcasts(mask, out.shape):
+            # A mask over the reduced input's iteration space (AWS's adaptive pooling masks
+            # the pooling window): masked-off elements take no part, and the result is
+            # written where any element of its row took part.
+            body, ins, mask = _masked_reduction(body, op, x, mask, axes, keepdims)
+        interpreter.execute(body, ins, [(out, mask, "set")], "vector", ops.free_size(x.shape))
         return out
 
     fn.__name__ = fn.__qualname__ = name
@@ -512,3 +554,51 @@ def _install_operators() -> None:
 
 
 _install_operators()
+
+
+# -- host-side constants and launch helpers ---------------------------------------------------
+def finfo(dtype: Any) -> Any:
+    """Limits of a float dtype (numpy's finfo; ml_dtypes' for bfloat16): .min, .max, .eps."""
+    nki_dtype = _canonical(dtype)
+    if dtypes.needs_rounding(nki_dtype):
+        import ml_dtypes
+
+        return ml_dtypes.finfo(_host_dtype(nki_dtype))
+    return np.finfo(nki_dtype)
+
+
+fp32 = finfo(float32)  # nl.fp32.min / .max in AWS's kernels
+
+
+def shared_constant(constant: Any, dtype: Any = None, **_: Any) -> Tile:
+    """An HBM tensor holding a constant known when the kernel is traced (an identity matrix
+    for transposes, a lookup table), as the compiler embeds it in the NEFF."""
+    values = np.asarray(constant)
+    nki_dtype = _canonical(dtype if dtype is not None else values.dtype)
+    tile = ndarray(values.shape, nki_dtype, buffer=shared_hbm)
+    fixed = values.astype(np.float32) if dtypes.is_float(nki_dtype) else values
+
+    def fill() -> Any:
+        return fixed
+
+    interpreter.execute(fill, [], [(tile, None, "set")], "dma")
+    return tile
+
+
+def nc(count: int) -> int:
+    """A launch grid dimension spread over `count` NeuronCores (``nl.spmd_dim(n, nl.nc(2))``):
+    here the instances run one after another, so it is `count` instances."""
+    if int(count) < 1:
+        raise NkiError(f"nl.nc({count}): a positive number of NeuronCores")
+    return int(count)
+
+
+def spmd_dim(*sizes: Any) -> int:
+    """One launch grid dimension made of several (``kernel[nl.spmd_dim(4, nl.nc(2)), 2]``):
+    their product."""
+    total = 1
+    for size in sizes:
+        if int(size) < 1:
+            raise NkiError(f"nl.spmd_dim{sizes}: every size must be positive")
+        total *= int(size)
+    return total

@@ -21,11 +21,11 @@ import torch
 
 from .. import _C
 from . import codegen, interpreter, row_programs
+from .chip_profile import target_name
 from .cost import CostEstimate, from_usage
 from .errors import NkiError
 from .hbm_io import Allocator, HbmArg, launch_device, to_hbm, write_back
 from .interpreter import Launch, Usage
-from .profile import target_name
 from .tiles import Storage, Tile, hbm, resolve_keys
 
 

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from . import dtypes, interpreter
+from .chip_profile import GEMM_MOVING_FMAX, GEMM_STATIONARY_FMAX, PARTITIONS
 from .errors import NkiError
-from .profile import GEMM_MOVING_FMAX, GEMM_STATIONARY_FMAX, PARTITIONS
 from .tiles import Tile, psum, sbuf
 
 
@@ -91,6 +91,7 @@ BINARY: dict[str, Callable[[Any, Any], Any]] = {
     "minimum": np.minimum,
     "power": np.power,
     "fmod": np.fmod,
+    "mod": np.mod,  # the sign of the divisor, as numpy's
     "equal": np.equal,
     "not_equal": np.not_equal,
     "greater": np.greater,
@@ -313,10 +314,12 @@ def check_matmul(stationary: Tile, moving: Tile, what: str) -> tuple[int, int, i
     return k, m, n
 
 
-def check_psum_dst(dst: Tile, shape: tuple[int, ...], what: str) -> None:
+def check_psum_dst(dst: Tile, shape: tuple[int, ...], what: str, input_dtype: Any = None) -> None:
+    """`input_dtype`: transpose mode, whose result may keep the input's dtype."""
     if dst.buffer.name != "psum":
         raise NkiError(f"{what}: the Tensor Engine writes PSUM; dst is in {dst.buffer.name}")
-    if dst.dtype != dtypes.float32 and dst.dtype is not dtypes.bfloat16:
+    widened = dst.dtype == dtypes.float32 or dst.dtype is dtypes.bfloat16
+    if not widened and not (input_dtype is not None and dst.dtype == input_dtype):
         raise NkiError(
             f"{what}: matmul accumulates in float32 in PSUM; dst dtype is {dtypes.name(dst.dtype)}"
         )
@@ -342,10 +345,16 @@ matmul_fn.lowering = ("matmul",)  # type: ignore[attr-defined]
 
 
 def matmul_into(
-    dst: Tile, stationary: Tile, moving: Tile, accumulate: bool, mask: Any, what: str
+    dst: Tile,
+    stationary: Tile,
+    moving: Tile,
+    accumulate: bool,
+    mask: Any,
+    what: str,
+    transpose: bool = False,
 ) -> None:
     k, m, n = check_matmul(stationary, moving, what)
-    check_psum_dst(dst, (m, n), what)
+    check_psum_dst(dst, (m, n), what, stationary.dtype if transpose else None)
     mode = "acc" if accumulate else "set"
     wide = "float32" in (dtypes.name(stationary.dtype), dtypes.name(moving.dtype))
     interpreter.current().usage.matmul_flops["fp32" if wide else "bf16"] += 2 * k * m * n

@@ -15,17 +15,31 @@ from typing import Any
 import numpy as np
 
 from . import dtypes
+from .chip_profile import PARTITIONS
 from .errors import NkiError, NkiUnsupportedError
 from .indexing import advanced_shape, as_basic, clipped_key, normalize_key
-from .profile import PARTITIONS
 
 
 class Buffer:
     """A memory of the NeuronCore: on chip (SBUF, PSUM) or device memory (HBM)."""
 
-    def __init__(self, name: str, on_chip: bool) -> None:
+    def __init__(
+        self,
+        name: str,
+        on_chip: bool,
+        *,
+        base: int | None = None,
+        physical_blocks: int | None = None,
+        direct: bool = False,
+    ) -> None:
         self.name = name
         self.on_chip = on_chip
+        # Direct allocation (nki.compiler): the kernel places the tile itself, at `base` (an
+        # SBUF byte address or a PSUM bank; None when a function places each block), its
+        # block dimensions sharing `physical_blocks` physical tiles.
+        self.direct = direct
+        self.base = base
+        self.physical_blocks = physical_blocks
 
     def __repr__(self) -> str:
         return f"nl.{self.name}"

@@ -1,0 +1,311 @@
+"""What running AWS's public NKI samples unchanged (python -m torchneuron.nki.samples on a
+checkout of aws-neuron/nki-samples) found missing or refused, each as a kernel of our own
+checked against numpy in the interpreter and the compiled path; and the samples command
+itself on a checkout laid out as AWS's."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import torchneuron.nki as nki
+import torchneuron.nki.compiler as ncc
+import torchneuron.nki.isa as nisa
+import torchneuron.nki.language as nl
+from torchneuron.nki import NkiCapacityError, NkiUnsupportedError
+
+RNG = np.random.default_rng(11)
+
+
+def _both(kernel, *args):
+    """The kernel through the interpreter, and through the compiled path (second call)."""
+    interpreted = kernel.interpret(*args)
+    kernel(*args)
+    return interpreted, kernel(*args)
+
+
+def test_bfloat16_numpy_arrays_in_and_out() -> None:
+    assert np.dtype(nl.bfloat16) == np.dtype(ml_dtypes.bfloat16)
+    x = nl.static_cast(RNG.standard_normal((128, 64)), nl.bfloat16)
+    assert x.dtype == ml_dtypes.bfloat16
+
+    @nki.jit
+    def double(a):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        nl.store(out, value=nl.add(nl.load(a), nl.load(a)))
+        return out
+
+    for got in _both(double, x):
+        assert got.dtype == ml_dtypes.bfloat16
+        np.testing.assert_array_equal(got.astype(np.float32), 2 * x.astype(np.float32))
+
+
+def test_partition_vector_written_to_a_column() -> None:
+    """A (128,) reduction written to a (128, 1) slice, as AWS's small-head attention does."""
+
+    @nki.jit
+    def column_max(a):
+        out = nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.shared_hbm)
+        acc = nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.sbuf)
+        for j in nl.affine_range(4):
+            block = nl.load(a[:, j * 32 : (j + 1) * 32])
+            acc[nl.arange(128)[:, None], j] = nisa.tensor_reduce(np.max, data=block, axis=(1,))
+        nl.store(out, value=acc)
+        return out
+
+    a = RNG.standard_normal((128, 128), dtype=np.float32)
+    for got in _both(column_max, a):
+        np.testing.assert_array_equal(got, a.reshape(128, 4, 32).max(-1))
+
+
+def test_reduction_masked_over_its_input_and_slices_past_the_end() -> None:
+    """Adaptive pooling's pattern: the last tile of 200 rows reaches past the end under a
+    mask, and a sum masked over the window's free axes."""
+
+    @nki.jit
+    def masked_row_sums(a, valid):
+        out = nl.ndarray((a.shape[0], 1), dtype=nl.float32, buffer=nl.shared_hbm)
+        i_p = nl.arange(128)[:, None]
+        i_f = nl.arange(64)[None, :]
+        for t in nl.affine_range(2):
+            rows = t * 128 + i_p
+            tile = nl.zeros((128, 64), dtype=nl.float32)
+            nisa.dma_copy(src=a[t * 128 : (t + 1) * 128, 0:64], dst=tile, mask=rows < a.shape[0])
+            total = nl.sum(tile, axis=[1], keepdims=True, mask=i_f < valid)
+            nl.store(out[t * 128 : (t + 1) * 128, 0:1], value=total, mask=rows < a.shape[0])
+        return out
+
+    a = RNG.standard_normal((200, 64), dtype=np.float32)
+    for got in _both(masked_row_sums, a, 40):
+        np.testing.assert_allclose(got[:, 0], a[:, :40].sum(1), rtol=1e-6, atol=1e-5)
+
+    @nki.jit
+    def unmasked(a):
+        out = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, value=nl.load(a[128:256, 0:64]))
+        return out
+
+    with pytest.raises(IndexError, match="guard the access with mask="):
+        unmasked.interpret(a)
+
+
+def test_legacy_matmul_takes_a_psum_operand_and_transpose_mode() -> None:
+    @nki.jit
+    def transposed_product(x, y):
+        out = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+        x_t = nisa.nc_transpose(nl.load(x))  # a PSUM tile, used as the stationary operand
+        nl.store(out, value=nl.copy(nisa.nc_matmul(x_t, nl.load(y))))
+        return out
+
+    x = RNG.standard_normal((128, 128), dtype=np.float32)
+    y = RNG.standard_normal((128, 128), dtype=np.float32)
+    for got in _both(transposed_product, x, y):
+        np.testing.assert_allclose(got, x @ y, rtol=1e-5, atol=1e-4)
+
+    @nki.jit
+    def transpose_mode(x):
+        out = nl.ndarray((64, 128), dtype=x.dtype, buffer=nl.shared_hbm)
+        identity = nl.load(nl.shared_constant(np.identity(128, dtype=np.int8), dtype=x.dtype))
+        result = nisa.nc_matmul(nl.load(x), identity, is_transpose=True)
+        assert result.dtype == nl.float16  # the input's dtype from NeuronCore-v3 (trn2) on
+        nl.store(out, value=nl.copy(result))
+        return out
+
+    x16 = RNG.standard_normal((128, 64)).astype(np.float16)
+    for got in _both(transpose_mode, x16):
+        np.testing.assert_array_equal(got, x16.T)
+
+
+def test_tensor_scalar_reduce_mod_finfo_and_spmd_dim() -> None:
+    @nki.jit
+    def scaled_with_sum(a):
+        out = nl.ndarray(a.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+        sums = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+        total = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
+        y = nisa.tensor_scalar_reduce(
+            data=nl.load(a), op0=nl.multiply, operand0=3.0, reduce_op=nl.add, reduce_res=total
+        )
+        nl.store(out, value=y)
+        nl.store(sums, value=total)
+        return out, sums
+
+    a = RNG.standard_normal((128, 96), dtype=np.float32)
+    for got, sums in _both(scaled_with_sum, a):
+        np.testing.assert_allclose(got, 3 * a, rtol=1e-6)
+        np.testing.assert_allclose(sums[:, 0], (3 * a).sum(1), rtol=1e-5, atol=1e-4)
+
+    @nki.jit
+    def remainder(a):
+        out = nl.ndarray(a.shape, dtype=nl.int32, buffer=nl.shared_hbm)
+        nl.store(out, value=nl.mod(nl.load(a), 7, dtype=nl.int32))
+        return out
+
+    ints = RNG.integers(0, 1000, (128, 32)).astype(np.int32)
+    for got in _both(remainder, ints):
+        np.testing.assert_array_equal(got, ints % 7)
+
+    assert nl.fp32.min == np.finfo(np.float32).min
+    assert nl.finfo(nl.bfloat16).max == ml_dtypes.finfo(ml_dtypes.bfloat16).max
+    assert (
+        nisa.get_nc_version() >= nisa.nc_version.gen2 and nisa.vector_engine is nisa.engine.vector
+    )
+
+    @nki.jit
+    def add(a, b):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        i = nl.program_id(0) * 128 + nl.arange(128)[:, None]
+        j = nl.arange(64)[None, :]
+        nl.store(out[i, j], value=nl.load(a[i, j]) + nl.load(b[i, j]))
+        return out
+
+    x = RNG.standard_normal((512, 64), dtype=np.float32)
+    np.testing.assert_array_equal(add[nl.spmd_dim(2, nl.nc(2))](x, x), 2 * x)
+
+
+def test_direct_allocation_may_overlap_but_stays_inside() -> None:
+    @nki.jit
+    def overlapping_banks(x):
+        out = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+        first = nl.ndarray(
+            (4, nl.par_dim(128), 128), nl.float32, buffer=ncc.psum.mod_alloc(base_bank=0)
+        )
+        second = nl.ndarray(
+            (8, nl.par_dim(128), 128), nl.float32, buffer=ncc.psum.mod_alloc(base_bank=0)
+        )
+        tile = nl.load(x)
+        first[0] = nisa.nc_matmul(tile, tile)
+        second[7] = nisa.nc_matmul(tile, tile)
+        nl.store(out, value=nl.add(first[0], second[7]))
+        return out
+
+    x = RNG.standard_normal((128, 128), dtype=np.float32)
+    for got in _both(overlapping_banks, x):
+        np.testing.assert_allclose(got, 2 * x.T @ x, rtol=1e-5, atol=1e-3)
+
+    @nki.jit
+    def past_the_partition(x):
+        tile = nl.ndarray(
+            (2, nl.par_dim(128), 4096),
+            nl.float32,
+            buffer=ncc.sbuf.mod_alloc(base_addr=200_000, num_free_tiles=(2,)),
+        )
+        tile[0] = nl.load(x)
+        return x
+
+    with pytest.raises(NkiCapacityError, match=r"mod_alloc\(base_addr=200000\)"):
+        past_the_partition.interpret(np.zeros((128, 4096), np.float32))
+
+
+def test_benchmark_reports_the_cost_estimate_and_profile_is_refused() -> None:
+    @nki.benchmark(warmup=2, iters=3)
+    def add(a):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        nl.store(out, value=nl.add(nl.load(a), 1.0))
+        return out
+
+    a = RNG.standard_normal((128, 512), dtype=np.float32)
+    np.testing.assert_array_equal(add(a), a + 1)
+    estimate = nki.estimate(nki.jit(add.kernel.fn), a)
+    latency = add.benchmark_result.nc_latency
+    assert latency.get_latency_percentile(50) == pytest.approx(estimate.estimated_s * 1e6)
+    assert latency.get_latency_percentile(99) == latency.get_latency_percentile(1)
+
+    traced = nki.benchmark(warmup=1, iters=1, save_trace_name="t.ntff")(add.kernel.fn)
+    with pytest.raises(NkiUnsupportedError, match="records no device profile"):
+        traced(a)
+    profiled = nki.profile(working_directory="/tmp", save_neff_name="k.neff")(add.kernel.fn)
+    with pytest.raises(NkiUnsupportedError, match="nki.profile runs a kernel on a NeuronDevice"):
+        profiled(a)
+
+
+CONFTEST = """
+def pytest_addoption(parser):
+    parser.addoption("--simulation-only", action="store_true", default=False)
+"""
+
+UNIT_TEST = """
+import numpy as np
+from neuronxcc.nki import simulate_kernel
+from nki_samples.reference.kernels import double, broken
+
+def test_double_numeric():
+    a = np.arange(128 * 8, dtype=np.float32).reshape(128, 8)
+    np.testing.assert_array_equal(simulate_kernel(double, a), 2 * a)
+
+def test_broken_numeric():
+    simulate_kernel(broken, np.zeros((128, 8), np.float32))
+"""
+
+KERNELS = """
+import neuronxcc.nki as nki
+import neuronxcc.nki.language as nl
+
+@nki.jit
+def double(a):
+    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=nl.multiply(nl.load(a), 2.0))
+    return out
+
+@nki.jit
+def broken(a):
+    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=nl.load(a[0:256, :]))
+    return out
+"""
+
+TUTORIAL = """
+import numpy as np
+import neuronxcc.nki as nki
+import neuronxcc.nki.language as nl
+
+@nki.jit
+def negate(a):
+    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=nl.negative(nl.load(a)))
+    return out
+
+if __name__ == "__main__":
+    a = np.ones((128, 16), np.float32)
+    assert np.array_equal(negate(a), -a)
+"""
+
+
+def test_samples_command_on_a_checkout_laid_out_as_aws(tmp_path: Path) -> None:
+    files = {
+        "test/unit/conftest.py": CONFTEST,
+        "test/unit/test_kernels.py": UNIT_TEST,
+        "src/nki_samples/__init__.py": "",
+        "src/nki_samples/reference/__init__.py": "",
+        "src/nki_samples/reference/kernels.py": KERNELS,
+        "src/nki_samples/tutorials/negate/negate_nki_kernels.py": TUTORIAL,
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(textwrap.dedent(text))
+    done = subprocess.run(
+        [sys.executable, "-m", "torchneuron.nki.samples", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr  # one sample fails
+    rows = {line.split(" | ")[0].strip("| "): line for line in done.stdout.splitlines()}
+    assert "| passed | passed |" in rows["test_kernels.py::test_double_numeric"]
+    broken = rows["test_kernels.py::test_broken_numeric"]
+    assert "| failed | failed |" in broken and "exceeds the NeuronCore's 128 partitions" in broken
+    tutorial = "src/nki_samples/tutorials/negate/negate_nki_kernels.py"
+    assert "| passed | passed |" in rows[tutorial]
+    assert "interpret: 2 of 3 passed" in done.stdout and "compiled: 2 of 3 passed" in done.stdout
+    assert (
+        subprocess.run(
+            [sys.executable, "-m", "torchneuron.nki.samples", str(tmp_path / "src")],
+            capture_output=True,
+        ).returncode
+        == 2
+    )
