@@ -168,6 +168,50 @@ def test_tensor_scalar_reduce_mod_finfo_and_spmd_dim() -> None:
     np.testing.assert_array_equal(add[nl.spmd_dim(2, nl.nc(2))](x, x), 2 * x)
 
 
+def test_tensor_tensor_scan_is_the_linear_recurrence() -> None:
+    """Mamba's scan: h[i] = a[i] * h[i-1] + b[i] from a per-partition initial value."""
+
+    @nki.jit
+    def scan(a, b, h0):
+        out = nl.ndarray(a.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+        h = nisa.tensor_tensor_scan(
+            nl.load(a), nl.load(b), initial=nl.load(h0), op0=nl.multiply, op1=nl.add
+        )
+        nl.store(out, value=h)
+        return out
+
+    a = RNG.uniform(0.5, 1.0, (128, 64)).astype(np.float32)
+    b = RNG.standard_normal((128, 64), dtype=np.float32)
+    h0 = RNG.standard_normal((128, 1), dtype=np.float32)
+    expected = np.empty((128, 64))
+    h = h0[:, 0].astype(np.float64)
+    for i in range(64):
+        h = a[:, i] * h + b[:, i]
+        expected[:, i] = h
+    for got in _both(scan, a, b, h0):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_indirect_load_gathers_rows_named_by_a_tile() -> None:
+    """resize_nearest's gather: row indices computed on the device (a tile), read under a
+    mask; rows the mask drops may hold any index."""
+
+    @nki.jit
+    def gather_rows(table, rows):
+        out = nl.ndarray((128, table.shape[1]), dtype=table.dtype, buffer=nl.shared_hbm)
+        i_p = nl.arange(128)[:, None]
+        idx = nl.load(rows)
+        picked = nl.load(table[idx, nl.arange(table.shape[1])[None, :]], mask=i_p < 100)
+        nl.store(out, value=picked, mask=i_p < 100)
+        return out
+
+    table = RNG.standard_normal((300, 48), dtype=np.float32)
+    rows = RNG.integers(0, 300, (128, 1)).astype(np.int32)
+    rows[100:] = 10_000  # out of range, but masked off
+    for got in _both(gather_rows, table, rows):
+        np.testing.assert_array_equal(got[:100], table[rows[:100, 0]])
+
+
 def test_direct_allocation_may_overlap_but_stays_inside() -> None:
     @nki.jit
     def overlapping_banks(x):

@@ -328,6 +328,71 @@ def _tensor_scalar_reduce_legacy(
 
 
 @instruction("vector")
+def tensor_tensor_scan(
+    dst: Tile,
+    data0: Tile,
+    data1: Tile,
+    initial: Any,
+    op0: Any,
+    op1: Any,
+    reverse0: bool = False,
+    reverse1: bool = False,
+    mask: Any = None,
+    **_: Any,
+) -> None:
+    """A scan along the free elements of each partition (Vector engine):
+    dst[:, i] = (data0[:, i] op0 dst[:, i-1]) op1 data1[:, i], with `initial` (a scalar or one
+    value per partition) before the first; reverse0/1 swap each operator's operands."""
+    what = "nisa.tensor_tensor_scan"
+    data0, data1 = on_chip_operand(data0, what), on_chip_operand(data1, what)
+    if data0.buffer.name == "psum" and data1.buffer.name == "psum":
+        raise NkiError(f"{what}: data0 and data1 cannot both be in PSUM")
+    if data0.shape[0] != data1.shape[0] or ops.free_size(data0.shape) != ops.free_size(data1.shape):
+        raise NkiError(f"{what}: data0 {data0.shape} and data1 {data1.shape} differ in size")
+    first = ops.BINARY[ops.op_name(op0)]
+    second = ops.BINARY[ops.op_name(op1)]
+    start = _scalar_operand(initial, data0, what)
+
+    def body(a: Any, b: Any, init: Any) -> Any:
+        rows = a.shape[0]
+        a = ops.f32(a).reshape(rows, -1)
+        b = ops.f32(b).reshape(rows, -1)
+        carry = np.broadcast_to(ops.f32(init), (rows, 1)).reshape(rows).copy()
+        out = np.empty_like(a)
+        for i in range(a.shape[1]):
+            step = first(carry, a[:, i]) if reverse0 else first(a[:, i], carry)
+            carry = second(b[:, i], step) if reverse1 else second(step, b[:, i])
+            out[:, i] = carry
+        return out.reshape(dst.shape)
+
+    interpreter.execute(
+        body, [data0, data1, start], [(dst, mask, "set")], "vector", ops.free_size(data0.shape)
+    )
+
+
+@tensor_tensor_scan.legacy
+def _tensor_tensor_scan_legacy(
+    data0: Tile,
+    data1: Tile,
+    initial: Any,
+    op0: Any,
+    op1: Any,
+    reverse0: bool = False,
+    reverse1: bool = False,
+    *,
+    dtype: Any = None,
+    mask: Any = None,
+    **_: Any,
+) -> Tile:
+    data0 = on_chip_operand(data0, "nisa.tensor_tensor_scan")
+    out = ndarray(
+        data0.shape, dtype or (data0.dtype if dtypes.is_float(data0.dtype) else dtypes.float32)
+    )
+    tensor_tensor_scan.into(out, data0, data1, initial, op0, op1, reverse0, reverse1, mask=mask)
+    return out
+
+
+@instruction("vector")
 def scalar_tensor_tensor(
     dst: Tile,
     data: Tile,

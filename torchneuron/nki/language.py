@@ -34,7 +34,16 @@ from .dtypes import canonical as _canonical
 from .dtypes import host as _host_dtype
 from .errors import NkiError
 from .indexing import arange, ds, mgrid  # noqa: F401
-from .tiles import Tile, hbm, par_dim, private_hbm, psum, sbuf, shared_hbm  # noqa: F401
+from .tiles import (  # noqa: F401
+    IndirectAccess,
+    Tile,
+    hbm,
+    par_dim,
+    private_hbm,
+    psum,
+    sbuf,
+    shared_hbm,
+)
 
 bool = bool_  # noqa: A001  (NKI exposes nl.bool_; some kernels write nl.bool)
 
@@ -125,6 +134,8 @@ def _dma_check(src: Tile, dst_on_chip: bool, what: str) -> None:
 
 def load(src: Tile, *, mask: Any = None, dtype: Any = None, **_: Any) -> Tile:
     """HBM → SBUF: a new SBUF tile holding `src` (the first dimension is the partition)."""
+    if isinstance(src, IndirectAccess):
+        return _gather(src, mask, dtype)
     _dma_check(src, True, "nl.load")
     if src.buffer.on_chip:
         raise NkiError(
@@ -132,6 +143,17 @@ def load(src: Tile, *, mask: Any = None, dtype: Any = None, **_: Any) -> Tile:
         )
     tile = ndarray(src.shape, dtype or src.dtype)
     dma(tile, src, mask)
+    return tile
+
+
+def _gather(src: IndirectAccess, mask: Any, dtype: Any) -> Tile:
+    """An indirect DMA: the index tiles are read when it runs, in both execution paths."""
+    for index in src.index_tiles:  # on chip; their values are truncated to integers
+        ops.compute(index, "an indirect DMA's indices")
+    tile = ndarray(src.shape, dtype or src.dtype)
+    ins = [src.tensor, *src.index_tiles]
+    nbytes = int(np.prod(src.shape, dtype=np.int64)) * src.dtype.itemsize
+    interpreter.execute(src.gather, ins, [(tile, mask, "set")], "dma", nbytes)
     return tile
 
 

@@ -151,7 +151,10 @@ class Tile:
     def __array__(self, *args: Any, **kwargs: Any) -> Any:
         raise NkiError("a tile is not an array while the kernel is traced; load/store it")
 
-    def __getitem__(self, key: Any) -> Tile:
+    def __getitem__(self, key: Any) -> Any:
+        items = key if isinstance(key, tuple) else (key,)
+        if any(isinstance(k, Tile) for k in items):
+            return IndirectAccess(self, items)
         if self.adv is not None:
             raise NkiUnsupportedError("indexing a tile that was already indexed by expressions")
         items, advanced = normalize_key(key, self.shape)
@@ -210,3 +213,42 @@ def check_partition(shape: tuple[int, ...], par_axis: int, what: str) -> None:
             f"{PARTITIONS} partitions (tile shape {shape}); tile the data so that "
             f"dimension {par_axis} is at most {PARTITIONS}"
         )
+
+
+class IndirectAccess:
+    """An HBM tensor indexed by a tile of indices computed on the device
+    (``table[b, idx_tile, nl.arange(c)[None, :]]``): a gather that ``nl.load`` performs with
+    the index values the tile holds when the DMA runs."""
+
+    def __init__(self, tensor: Tile, key: tuple[Any, ...]) -> None:
+        if tensor.buffer.on_chip or tensor.adv is not None:
+            raise NkiUnsupportedError(
+                "indexing by a tile of indices (an indirect DMA) reads an HBM tensor or a view "
+                "of it by slices"
+            )
+        if len(key) != len(tensor.shape):
+            raise NkiError(
+                f"an indirect access names every dimension: {len(key)} indices for a tensor "
+                f"of rank {len(tensor.shape)}"
+            )
+        self.tensor = tensor
+        self.key = key
+        self.index_tiles = [k for k in key if isinstance(k, Tile)]
+        shapes = [np.shape(k) if not isinstance(k, Tile) else k.shape for k in key]
+        try:
+            self.shape = tuple(np.broadcast_shapes(*shapes))
+        except ValueError:
+            raise NkiError(f"indirect access: index shapes {shapes} do not broadcast") from None
+        self.dtype = tensor.dtype
+        self.buffer = tensor.buffer
+
+    def gather(self, data: np.ndarray, *index_values: np.ndarray) -> np.ndarray:
+        """The elements the access names, indices clipped into range (rows a mask drops may
+        hold any index; the hardware reads nothing for them)."""
+        values = iter(index_values)
+        key = []
+        for axis, k in enumerate(self.key):
+            if isinstance(k, Tile):
+                k = np.clip(np.asarray(next(values)).astype(np.int64), 0, data.shape[axis] - 1)
+            key.append(k)
+        return np.broadcast_to(data[tuple(key)], self.shape)
