@@ -49,6 +49,9 @@ INTERNAL = {
     # tests/test_fuzz.py sets it so the fuzz harness's child runs the self-test targets (a
     # target that crashes, hangs or finds something on purpose) instead of the real ones.
     "TORCHNEURON_FUZZ_SELFTEST",
+    # python -m torchneuron.nki.samples sets it for the pytest run it starts, whose plugin
+    # (the same module) reads it to choose the execution path.
+    "TORCHNEURON_NKI_SAMPLES_PATH",
 }
 # In the table although the project's code does not read it: PyTorch reads it before loading
 # the `torch.backends` entry point that imports torchneuron (checked in the test below).

@@ -63,6 +63,17 @@ def test_partition_vector_written_to_a_column() -> None:
     for got in _both(column_max, a):
         np.testing.assert_array_equal(got, a.reshape(128, 4, 32).max(-1))
 
+    @nki.jit
+    def row_sums(a):  # and the other way: a (128, 1) value into a (128,) tile
+        out = nl.ndarray((128,), dtype=nl.float32, buffer=nl.shared_hbm)
+        sums = nl.ndarray((128,), dtype=nl.float32, buffer=nl.sbuf)
+        sums[...] = nisa.tensor_reduce(np.add, data=nl.load(a), axis=(1,), keepdims=True)
+        nl.store(out, value=sums)
+        return out
+
+    for got in _both(row_sums, a):
+        np.testing.assert_allclose(got, a.sum(1), rtol=1e-5, atol=1e-5)
+
 
 def test_reduction_masked_over_its_input_and_slices_past_the_end() -> None:
     """Adaptive pooling's pattern: the last tile of 200 rows reaches past the end under a
@@ -191,6 +202,23 @@ def test_tensor_tensor_scan_is_the_linear_recurrence() -> None:
     for got in _both(scan, a, b, h0):
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
+    @nki.jit
+    def scan_from_zero(a, b):
+        out = nl.ndarray(a.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+        h = nisa.tensor_tensor_scan(nl.load(a), nl.load(b), 0, np.multiply, np.add)
+        nl.store(out, value=h)
+        return out
+
+    # in float32 step by step, as the engine (an integer initial value once made the whole
+    # scan float64, and AWS's Mamba tutorial's versions disagreed)
+    expected32 = np.empty((128, 64), np.float32)
+    h32 = np.zeros(128, np.float32)
+    for i in range(64):
+        h32 = a[:, i] * h32 + b[:, i]
+        expected32[:, i] = h32
+    for got in _both(scan_from_zero, a, b):
+        np.testing.assert_array_equal(got, expected32)
+
 
 def test_indirect_load_gathers_rows_named_by_a_tile() -> None:
     """resize_nearest's gather: row indices computed on the device (a tile), read under a
@@ -210,6 +238,29 @@ def test_indirect_load_gathers_rows_named_by_a_tile() -> None:
     rows[100:] = 10_000  # out of range, but masked off
     for got in _both(gather_rows, table, rows):
         np.testing.assert_array_equal(got[:100], table[rows[:100, 0]])
+
+
+def test_loop_reduce_accumulates_into_the_assigned_tile() -> None:
+    """Flash-attention backward's dq: acc[...] = nl.loop_reduce(x, op, loop_indices)."""
+
+    @nki.jit
+    def sum_and_max_of_blocks(a):
+        out = nl.ndarray((128, 2 * 64), dtype=nl.float32, buffer=nl.shared_hbm)
+        total = nl.zeros((128, 64), dtype=nl.float32)
+        peak = nl.full((128, 64), -np.inf, dtype=nl.float32)
+        for i in nl.affine_range(4):
+            block = nl.load(a[:, i * 64 : (i + 1) * 64])
+            total[...] = nl.loop_reduce(block, op=np.add, loop_indices=(i,))
+            peak[...] = nl.loop_reduce(block, op=np.maximum, loop_indices=(i,))
+        nl.store(out[:, 0:64], value=total)
+        nl.store(out[:, 64:128], value=peak)
+        return out
+
+    a = RNG.standard_normal((128, 256), dtype=np.float32)
+    blocks = a.reshape(128, 4, 64)
+    for got in _both(sum_and_max_of_blocks, a):
+        np.testing.assert_allclose(got[:, :64], blocks.sum(1), rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(got[:, 64:], blocks.max(1))
 
 
 def test_direct_allocation_may_overlap_but_stays_inside() -> None:

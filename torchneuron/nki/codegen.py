@@ -89,6 +89,7 @@ class _Builder:
             "np": np,
             "torch": torch,
             "_write": _generic_write,
+            "_fit": fit_value,
             "_t": _torch_view,
             "_split": _split_rows,
             "_repeat": _repeat_rows,
@@ -282,7 +283,9 @@ class _Builder:
                     f"np.add({dst_view}, {args[0]}, out={dst_view}, casting='unsafe')"
                 )
             else:
-                self.lines.append(f"np.copyto({dst_view}, {args[0]}, casting='unsafe')")
+                self.lines.append(
+                    f"np.copyto({dst_view}, _fit({args[0]}, {dst_view}.shape), casting='unsafe')"
+                )
             return True
         ufunc = getattr(step.fn, "ufunc", None)
         aligned = getattr(step.fn, "aligned_ufunc", None)
@@ -313,7 +316,9 @@ class _Builder:
         view = self.base_view(dst)
         dtype = self.dtype_of[dst.sid]
         if mask is None and dst.adv is None and mode == "set" and not dtypes.needs_rounding(dtype):
-            self.lines.append(f"np.copyto({view}, {value}, casting='unsafe')")
+            # _fit: a value differing from the tile only in unit dimensions, as the
+            # interpreter accepts it (interpreter.fit_value)
+            self.lines.append(f"np.copyto({view}, _fit({value}, {view}.shape), casting='unsafe')")
             return
         adv = self.const(dst.adv, "K") if dst.adv is not None else "None"
         mask_name = self.const(mask, "M") if mask is not None else "None"

@@ -354,10 +354,12 @@ def tensor_tensor_scan(
     start = _scalar_operand(initial, data0, what)
 
     def body(a: Any, b: Any, init: Any) -> Any:
+        # float32 throughout, as the engine: an integer `initial` (a numpy int64 array once
+        # broadcast) would otherwise promote the whole scan to float64.
         rows = a.shape[0]
-        a = ops.f32(a).reshape(rows, -1)
-        b = ops.f32(b).reshape(rows, -1)
-        carry = np.broadcast_to(ops.f32(init), (rows, 1)).reshape(rows).copy()
+        a = np.asarray(a, np.float32).reshape(rows, -1)
+        b = np.asarray(b, np.float32).reshape(rows, -1)
+        carry = np.broadcast_to(np.asarray(init, np.float32), (rows, 1)).reshape(rows).copy()
         out = np.empty_like(a)
         for i in range(a.shape[1]):
             step = first(carry, a[:, i]) if reverse0 else first(a[:, i], carry)

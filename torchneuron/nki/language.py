@@ -525,9 +525,44 @@ def device_print(prefix: str, x: Tile, **_: Any) -> None:
     print(prefix, interpreter.read(x, False))
 
 
+class LoopReduce:
+    """What ``nl.loop_reduce`` returns: assigned into a tile (``acc[...] = nl.loop_reduce(x,
+    op=np.add, loop_indices=(i,))``), it combines the tile with `x` by `op` in place, so the
+    tile accumulates over the loop's iterations."""
+
+    def __init__(self, x: Tile, op: Any, dtype: Any, mask: Any) -> None:
+        self.x, self.op, self.dtype, self.mask = x, op, dtype, mask
+
+
+def loop_reduce(
+    x: Tile, op: Any, loop_indices: Any, *, dtype: Any = None, mask: Any = None, **_: Any
+) -> LoopReduce:
+    """A reduction across a loop's iterations into the tile it is assigned to (Vector
+    engine); see LoopReduce."""
+    name = ops.op_name(op)
+    if name not in ops.BINARY:
+        raise NkiError(f"nl.loop_reduce: {name} is not a binary operator")
+    ops.compute(x, "nl.loop_reduce")
+    return LoopReduce(x, op, dtype, mask)
+
+
+def _combine_in_place(target: Tile, reduce: LoopReduce) -> None:
+    combine = ops.BINARY[ops.op_name(reduce.op)]
+
+    def body(current: Any, x: Any) -> Any:
+        return combine(ops.f32(current), ops.f32(x))
+
+    ins = [target, reduce.x]
+    outs = [(target, reduce.mask, "set")]
+    interpreter.execute(body, ins, outs, "vector", ops.free_size(target.shape))
+
+
 def _set_item(tile: Tile, key: Any, value: Any) -> None:
     """``tile[key] = value``: an on-chip copy."""
     target = tile[key]
+    if isinstance(value, LoopReduce):
+        _combine_in_place(target, value)
+        return
     if isinstance(value, Tile) and value.same_access(target):
         return  # `t[k] += v` writes in place, then Python assigns the same access back
     interpreter.assign(target, value)

@@ -168,6 +168,9 @@ def pad(x: Any, rank: int) -> Any:
     on the partition dimension (a [128] tile is one value per partition), unlike numpy."""
     if isinstance(x, np.ndarray) and 0 < x.ndim < rank:
         return x.reshape(x.shape + (1,) * (rank - x.ndim))
+    if isinstance(x, np.ndarray) and x.ndim > rank >= 1 and all(d == 1 for d in x.shape[rank:]):
+        # a [P, 1] per-partition operand beside a [P] data tile: the same P values
+        return x.reshape(x.shape[:rank])
     return x
 
 

@@ -7,8 +7,9 @@ What runs (nothing of the checkout is copied; only its imports are redirected, b
 - its unit tests (``test/unit``) with its own ``--simulation-only`` switch: the numeric
   tests, each checking a reference or tutorial kernel against the test's numpy reference,
   with ``src/`` on the path as the tests' README asks;
-- every tutorial kernel file with a ``__main__`` block (``src/**/*_nki_kernels.py``), which
-  checks its kernel against numpy or torch on the CPU.
+- every tutorial kernel file with a ``__main__`` block (``src/**/*_nki_kernel*.py``), run
+  with its default arguments; it passes when the block runs to its end, so it checks what
+  the block checks (most compare with numpy; some only that the kernel runs).
 
 Each runs in its own process per execution path: ``interpret`` (the reference interpreter
 for every call) and ``compiled`` (each kernel call is traced once on copies of its inputs,
@@ -119,7 +120,7 @@ def run_unit_tests(root: Path, path: str, select: str | None) -> list[Outcome]:
 def tutorial_files(root: Path) -> list[Path]:
     return sorted(
         f
-        for f in (root / "src").rglob("*_nki_kernels.py")
+        for f in (root / "src").rglob("*_nki_kernel*.py")
         if 'if __name__ == "__main__"' in f.read_text()
     )
 

@@ -155,6 +155,19 @@ class Tile:
         items = key if isinstance(key, tuple) else (key,)
         if any(isinstance(k, Tile) for k in items):
             return IndirectAccess(self, items)
+        extra = len(items) - len(self.shape)
+        if (
+            extra > 0
+            and self.adv is None
+            and Ellipsis not in items
+            and all(_unit_index(k) for k in items[len(self.shape) :])
+        ):
+            # A column taken with an integer (``acc[:, i]``, a (128,) tile) indexed as the
+            # (128, 1) tile the hardware addresses (``col[:, 0]``): trailing unit dimensions.
+            unit = (Ellipsis,) + (None,) * extra
+            view = self.view[unit]
+            widened = Tile(self.storage, self.keys + (unit,), view, par_axis=self.par_axis)
+            return widened[items]
         if self.adv is not None:
             raise NkiUnsupportedError("indexing a tile that was already indexed by expressions")
         items, advanced = normalize_key(key, self.shape)
@@ -213,6 +226,22 @@ def check_partition(shape: tuple[int, ...], par_axis: int, what: str) -> None:
             f"{PARTITIONS} partitions (tile shape {shape}); tile the data so that "
             f"dimension {par_axis} is at most {PARTITIONS}"
         )
+
+
+def _unit_index(k: Any) -> bool:
+    """An index that selects the one element of a unit dimension: 0, or a slice from 0 to 1."""
+    if isinstance(k, (int, np.integer)) and not isinstance(k, bool):
+        return int(k) == 0
+    return (
+        isinstance(k, slice)
+        and k.start in (None, 0)
+        and k.stop in (None, 1)
+        and k.step
+        in (
+            None,
+            1,
+        )
+    )
 
 
 class IndirectAccess:
