@@ -263,6 +263,32 @@ def test_loop_reduce_accumulates_into_the_assigned_tile() -> None:
         np.testing.assert_array_equal(got[:, 64:], blocks.max(1))
 
 
+def test_masked_result_assigned_into_a_tile_writes_only_where_the_mask_holds() -> None:
+    """``t[...] = nisa.affine_select(..., mask=m)`` as flash attention's sliding window uses
+    it: the instruction writes into t, so t keeps its values where m is false (a fresh
+    result tile's zeros overwrote them)."""
+
+    @nki.jit
+    def masked_updates(a, apply):
+        out = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.load(a)
+        i_p, i_f = nl.mgrid[0:128, 0:64]
+        t[...] = nisa.affine_select(pred=i_f <= i_p, on_true_tile=t, on_false_value=-9.0)
+        t[...] = nisa.tensor_scalar(t, np.multiply, 2.0, mask=apply)  # a Python bool
+        t[...] = nl.add(t, 100.0, mask=(i_p < 64))  # half the partitions
+        nl.store(out, value=t)
+        return out
+
+    a = RNG.standard_normal((128, 64), dtype=np.float32)
+    rows, cols = np.mgrid[0:128, 0:64]
+    selected = np.where(cols <= rows, a, np.float32(-9.0))
+    for apply in (True, False):
+        expected = selected * 2 if apply else selected.copy()
+        expected[:64] += 100
+        for got in _both(masked_updates, a, apply):
+            np.testing.assert_array_equal(got, expected)
+
+
 def test_direct_allocation_may_overlap_but_stays_inside() -> None:
     @nki.jit
     def overlapping_banks(x):

@@ -50,11 +50,20 @@ class Instruction:
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError:
-            return self.returns_tile(*args, **kwargs)
+            return self._legacy(args, kwargs)
         named = bound.arguments
         if all(isinstance(named[p], Tile) for p in _TILE_PARAMS if p in named):
             return self.into(*args, **kwargs)
-        return self.returns_tile(*args, **kwargs)
+        return self._legacy(args, kwargs)
+
+    def _legacy(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The tile-returning form; its result remembers the call's mask=, so that
+        ``t[k] = nisa.f(..., mask=m)`` leaves t unchanged where m is false."""
+        assert self.returns_tile is not None
+        result = self.returns_tile(*args, **kwargs)
+        if isinstance(result, Tile) and kwargs.get("mask") is not None:
+            result.write_mask = kwargs["mask"]
+        return result
 
     def __repr__(self) -> str:
         return f"<nisa.{self.name} ({self.engine})>"

@@ -367,7 +367,8 @@ def assign(target: Tile, value: Any) -> None:
         )
     if isinstance(value, Tile) and not value.buffer.on_chip:
         raise NkiError("cannot copy from HBM with '=': load it with nl.load or nisa.dma_copy")
-    execute(_identity, [operand(value)], [(target, None, "set")], "vector", _free_size(target))
+    mask = value.write_mask if isinstance(value, Tile) else None
+    execute(_identity, [operand(value)], [(target, mask, "set")], "vector", _free_size(target))
 
 
 def accumulate(target: Tile, value: Any) -> None:

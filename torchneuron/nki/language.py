@@ -376,6 +376,7 @@ def _reduction(name: str, op: str) -> Callable[..., Tile]:
             # written where any element of its row took part.
             body, ins, mask = _masked_reduction(body, op, x, mask, axes, keepdims)
         interpreter.execute(body, ins, [(out, mask, "set")], "vector", ops.free_size(x.shape))
+        out.write_mask = mask
         return out
 
     fn.__name__ = fn.__qualname__ = name

@@ -249,6 +249,7 @@ def elementwise(op: str, values: list[Any], dtype: Any, mask: Any, engine: str =
     ranks = {len(v.shape) for v in values if isinstance(v, Tile)}
     fn = elementwise_fn(op, len(shape) if len(ranks) > 1 else 0)
     interpreter.execute(fn, values, [(out, mask, "set")], engine, free_size(shape))
+    out.write_mask = mask
     return out
 
 

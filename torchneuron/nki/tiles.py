@@ -96,7 +96,17 @@ def split_shape(shape: Any) -> tuple[tuple[int, ...], int]:
 class Tile:
     """A tile or tensor as kernels see it (``.shape``, ``.dtype``, indexing, operators)."""
 
-    __slots__ = ("storage", "keys", "view", "adv", "adv_safe", "adv_oob", "shape", "par_axis")
+    __slots__ = (
+        "storage",
+        "keys",
+        "view",
+        "adv",
+        "adv_safe",
+        "adv_oob",
+        "shape",
+        "par_axis",
+        "write_mask",
+    )
 
     def __init__(
         self,
@@ -112,6 +122,10 @@ class Tile:
         self.adv = adv
         self.adv_safe: tuple[Any, ...] | None = None
         self.adv_oob = False
+        # The mask= of the instruction that produced this tile (legacy form): assigned into a
+        # tile, it writes only where the mask held, as the instruction would have written
+        # into that tile directly (interpreter.assign).
+        self.write_mask: Any = None
         if adv is not None:
             self.adv_safe, self.adv_oob = clipped_key(self.view.shape, adv)
             self.shape = advanced_shape(self.view.shape, self.adv_safe)
