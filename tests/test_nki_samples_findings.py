@@ -219,6 +219,21 @@ def test_tensor_tensor_scan_is_the_linear_recurrence() -> None:
     for got in _both(scan_from_zero, a, b):
         np.testing.assert_array_equal(got, expected32)
 
+    @nki.jit
+    def many_scans(a):  # the Mamba tutorial's pattern: a scan per iteration, tiles dying
+        out = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+        acc = nl.zeros((128, 1), dtype=nl.float32)
+        for _ in nl.sequential_range(12):
+            big = nl.load(a)  # 64 KiB per partition; 12 of them exceed SBUF if kept alive
+            h = nisa.tensor_tensor_scan(big, big, 0.0, np.multiply, np.add)
+            acc[...] = nl.add(acc, h[:, 16383:16384])
+        nl.store(out, value=acc)
+        return out
+
+    ones = np.full((128, 16384), 0.5, np.float32)
+    for got in _both(many_scans, ones):  # the recorded program kept each scan's tiles alive
+        assert got.shape == (128, 1) and np.isfinite(got).all()
+
 
 def test_indirect_load_gathers_rows_named_by_a_tile() -> None:
     """resize_nearest's gather: row indices computed on the device (a tile), read under a

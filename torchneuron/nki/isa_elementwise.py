@@ -352,6 +352,7 @@ def tensor_tensor_scan(
     first = ops.BINARY[ops.op_name(op0)]
     second = ops.BINARY[ops.op_name(op1)]
     start = _scalar_operand(initial, data0, what)
+    shape = dst.shape  # not dst: a recorded step must not keep the tile (and its SBUF) alive
 
     def body(a: Any, b: Any, init: Any) -> Any:
         # float32 throughout, as the engine: an integer `initial` (a numpy int64 array once
@@ -365,7 +366,7 @@ def tensor_tensor_scan(
             step = first(carry, a[:, i]) if reverse0 else first(a[:, i], carry)
             carry = second(b[:, i], step) if reverse1 else second(step, b[:, i])
             out[:, i] = carry
-        return out.reshape(dst.shape)
+        return out.reshape(shape)
 
     interpreter.execute(
         body, [data0, data1, start], [(dst, mask, "set")], "vector", ops.free_size(data0.shape)

@@ -153,7 +153,7 @@ def _gather(src: IndirectAccess, mask: Any, dtype: Any) -> Tile:
     tile = ndarray(src.shape, dtype or src.dtype)
     ins = [src.tensor, *src.index_tiles]
     nbytes = int(np.prod(src.shape, dtype=np.int64)) * src.dtype.itemsize
-    interpreter.execute(src.gather, ins, [(tile, mask, "set")], "dma", nbytes)
+    interpreter.execute(src.gather_fn(), ins, [(tile, mask, "set")], "dma", nbytes)
     return tile
 
 

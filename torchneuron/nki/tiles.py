@@ -285,13 +285,20 @@ class IndirectAccess:
         self.dtype = tensor.dtype
         self.buffer = tensor.buffer
 
-    def gather(self, data: np.ndarray, *index_values: np.ndarray) -> np.ndarray:
-        """The elements the access names, indices clipped into range (rows a mask drops may
-        hold any index; the hardware reads nothing for them)."""
-        values = iter(index_values)
-        key = []
-        for axis, k in enumerate(self.key):
-            if isinstance(k, Tile):
-                k = np.clip(np.asarray(next(values)).astype(np.int64), 0, data.shape[axis] - 1)
-            key.append(k)
-        return np.broadcast_to(data[tuple(key)], self.shape)
+    def gather_fn(self) -> Any:
+        """The gather as a function of (data, *index values): the elements the access names,
+        indices clipped into range (rows a mask drops may hold any index; the hardware reads
+        nothing for them). It holds no tile, so a recorded step keeps no SBUF alive."""
+        pattern = tuple(None if isinstance(k, Tile) else k for k in self.key)
+        shape = self.shape
+
+        def gather(data: np.ndarray, *index_values: np.ndarray) -> np.ndarray:
+            values = iter(index_values)
+            key = []
+            for axis, k in enumerate(pattern):
+                if k is None:
+                    k = np.clip(np.asarray(next(values)).astype(np.int64), 0, data.shape[axis] - 1)
+                key.append(k)
+            return np.broadcast_to(data[tuple(key)], shape)
+
+        return gather
