@@ -74,6 +74,16 @@ def test_partition_vector_written_to_a_column() -> None:
     for got in _both(row_sums, a):
         np.testing.assert_allclose(got, a.sum(1), rtol=1e-5, atol=1e-5)
 
+    @nki.jit
+    def spread(a):  # a [P] tile broadcast along the free dimension (sd_attention tutorial)
+        out = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+        col = nisa.tensor_reduce(np.max, data=nl.load(a), axis=(1,))
+        nl.store(out, value=col.broadcast_to((128, 64)))
+        return out
+
+    for got in _both(spread, a):
+        np.testing.assert_array_equal(got, np.repeat(a.max(1, keepdims=True), 64, axis=1))
+
 
 def test_reduction_masked_over_its_input_and_slices_past_the_end() -> None:
     """Adaptive pooling's pattern: the last tile of 200 rows reaches past the end under a

@@ -432,12 +432,15 @@ def broadcast_to(src: Tile, shape: Any, **_: Any) -> Tile:
     """`src` repeated to `shape` (size-1 dimensions broadcast)."""
     ops.compute(src, "nl.broadcast_to")
     shape = tuple(int(d) for d in shape)
+    rank = len(shape)
+    # aligned on the partition dimension, as NKI aligns operands: a [P] tile is [P, 1]
+    aligned = src.shape + (1,) * builtins.max(rank - len(src.shape), 0)
     try:
-        np.broadcast_shapes(src.shape, shape)
+        if np.broadcast_shapes(aligned, shape) != shape:
+            raise ValueError
     except ValueError:
         raise NkiError(f"nl.broadcast_to: cannot broadcast {src.shape} to {shape}") from None
     out = ops.new_tile(shape, src.dtype)
-    rank = len(shape)
 
     def body(x: Any) -> Any:
         return ops.pad(x, rank)
