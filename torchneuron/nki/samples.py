@@ -104,7 +104,9 @@ def run_unit_tests(root: Path, path: str, select: str | None) -> list[Outcome]:
             return [Outcome("test/unit", path, "error", _first_line(done.stdout + done.stderr))]
         outcomes = []
         for case in ElementTree.parse(report).getroot().iter("testcase"):
-            name = f"{case.get('classname', '').split('.')[0]}.py::{case.get('name')}"
+            module = case.get("classname", "").split(".")[0]
+            # a module that failed to import: pytest reports it under its own name
+            name = f"{module}.py::{case.get('name')}" if module else f"{case.get('name')}.py"
             status, message = "passed", ""
             for tag in ("failure", "error", "skipped"):
                 found = case.find(tag)
@@ -112,7 +114,8 @@ def run_unit_tests(root: Path, path: str, select: str | None) -> list[Outcome]:
                     status = {"failure": "failed"}.get(tag, tag)
                     # junit's message attribute is the exception's own line
                     message = found.get("message", "").split("\n")[0][:200]
-                    message = message or _first_line(found.text or "")
+                    if not message or message == "collection failure":
+                        message = _first_line(found.text or "") or message
             outcomes.append(Outcome(name, path, status, message))
         return outcomes
 
