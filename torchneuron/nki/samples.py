@@ -177,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--execution", choices=(*PATHS, "both"), default="both")
     parser.add_argument("-k", dest="select", help="only unit tests matching this expression")
     parser.add_argument("--no-tutorials", action="store_true")
+    parser.add_argument("--no-unit-tests", action="store_true")
     a = parser.parse_args(argv)
     root = a.path.resolve()
     if not (root / "src").is_dir():
@@ -187,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     paths = list(PATHS) if a.execution == "both" else [a.execution]
     outcomes: list[Outcome] = []
     for path in paths:
-        outcomes += run_unit_tests(root, path, a.select)
+        if not a.no_unit_tests:
+            outcomes += run_unit_tests(root, path, a.select)
         if not a.no_tutorials:
             outcomes += [run_tutorial(root, f, path) for f in tutorial_files(root)]
     print(f"aws-neuron/nki-samples at {commit_of(root)}")
