@@ -16,6 +16,14 @@ from .tiles import Tile
 
 
 # -- Scalar Engine -----------------------------------------------------------------------
+def _result_tile(data: Tile, dtype: Any) -> Tile:
+    """The tile a legacy (tile-returning) instruction writes: `dtype`, else the input's float
+    dtype, else float32."""
+    return ndarray(
+        data.shape, dtype or (data.dtype if dtypes.is_float(data.dtype) else dtypes.float32)
+    )
+
+
 def _activation_body(
     op: str, scale_is_tile: bool, bias_is_tile: bool, reduce: str | None
 ) -> Callable[..., Any]:
@@ -99,9 +107,7 @@ def _activation_legacy(
     **_: Any,
 ) -> Tile:
     data = on_chip_operand(data, "nisa.activation")
-    out = ndarray(
-        data.shape, dtype or (data.dtype if dtypes.is_float(data.dtype) else dtypes.float32)
-    )
+    out = _result_tile(data, dtype)
     activation.into(
         out, op, data, bias=bias, scale=scale, reduce_op=reduce_op, reduce_res=reduce_res, mask=mask
     )
@@ -260,9 +266,7 @@ def _tensor_scalar_legacy(
     **_: Any,
 ) -> Tile:
     data = on_chip_operand(data, "nisa.tensor_scalar")
-    out = ndarray(
-        data.shape, dtype or (data.dtype if dtypes.is_float(data.dtype) else dtypes.float32)
-    )
+    out = _result_tile(data, dtype)
     tensor_scalar.into(out, data, op0, operand0, reverse0, op1, operand1, reverse1, mask=mask)
     return out
 
@@ -320,9 +324,7 @@ def _tensor_scalar_reduce_legacy(
     **_: Any,
 ) -> Tile:
     data = on_chip_operand(data, "nisa.tensor_scalar_reduce")
-    out = ndarray(
-        data.shape, dtype or (data.dtype if dtypes.is_float(data.dtype) else dtypes.float32)
-    )
+    out = _result_tile(data, dtype)
     tensor_scalar_reduce.into(out, data, op0, operand0, reduce_op, reduce_res, reverse0, mask=mask)
     return out
 
@@ -388,9 +390,7 @@ def _tensor_tensor_scan_legacy(
     **_: Any,
 ) -> Tile:
     data0 = on_chip_operand(data0, "nisa.tensor_tensor_scan")
-    out = ndarray(
-        data0.shape, dtype or (data0.dtype if dtypes.is_float(data0.dtype) else dtypes.float32)
-    )
+    out = _result_tile(data0, dtype)
     tensor_tensor_scan.into(out, data0, data1, initial, op0, op1, reverse0, reverse1, mask=mask)
     return out
 
