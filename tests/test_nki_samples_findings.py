@@ -241,8 +241,10 @@ def test_tensor_tensor_scan_is_the_linear_recurrence() -> None:
         return out
 
     ones = np.full((128, 16384), 0.5, np.float32)
-    for got in _both(many_scans, ones):  # the recorded program kept each scan's tiles alive
-        assert got.shape == (128, 1) and np.isfinite(got).all()
+    # the recorded program kept each scan's tiles alive; h = 0.5 h + 0.5 from 0 reaches 1.0
+    # in float32 long before 16384 steps, so each iteration adds exactly 1
+    for got in _both(many_scans, ones):
+        np.testing.assert_array_equal(got, np.full((128, 1), 12.0, np.float32))
 
 
 def test_indirect_load_gathers_rows_named_by_a_tile() -> None:

@@ -532,22 +532,23 @@ def device_print(prefix: str, x: Tile, **_: Any) -> None:
 class LoopReduce:
     """What ``nl.loop_reduce`` returns: assigned into a tile (``acc[...] = nl.loop_reduce(x,
     op=np.add, loop_indices=(i,))``), it combines the tile with `x` by `op` in place, so the
-    tile accumulates over the loop's iterations."""
+    tile accumulates over the loop's iterations (in the tile's own dtype)."""
 
-    def __init__(self, x: Tile, op: Any, dtype: Any, mask: Any) -> None:
-        self.x, self.op, self.dtype, self.mask = x, op, dtype, mask
+    def __init__(self, x: Tile, op: Any, mask: Any) -> None:
+        self.x, self.op, self.mask = x, op, mask
 
 
 def loop_reduce(
     x: Tile, op: Any, loop_indices: Any, *, dtype: Any = None, mask: Any = None, **_: Any
 ) -> LoopReduce:
     """A reduction across a loop's iterations into the tile it is assigned to (Vector
-    engine); see LoopReduce."""
+    engine); see LoopReduce. `dtype` is accepted for NKI's signature: the result takes the
+    assigned tile's dtype, as every write does."""
     name = ops.op_name(op)
     if name not in ops.BINARY:
         raise NkiError(f"nl.loop_reduce: {name} is not a binary operator")
     ops.compute(x, "nl.loop_reduce")
-    return LoopReduce(x, op, dtype, mask)
+    return LoopReduce(x, op, mask)
 
 
 def _combine_in_place(target: Tile, reduce: LoopReduce) -> None:
