@@ -32,6 +32,11 @@ find csrc tests/cpp -name '*.cpp' -o -name '*.h' | xargs "$ROOT/.venv/bin/clang-
 # Each worker is a process of its own with its own device runtime and compile cache
 # (tests/conftest.py).
 WORKERS=$(($(nproc) < 4 ? $(nproc) : 4))
+# One directory of Inductor's compiled C++ kernels for every pass (tests/conftest.py): they are
+# named by a hash of their source, so a kernel compiled once is not compiled again.
+TORCHNEURON_TEST_INDUCTOR_CACHE_DIR="$(mktemp -d -t torchneuron-test-inductor-XXXXXX)"
+export TORCHNEURON_TEST_INDUCTOR_CACHE_DIR
+trap 'rm -rf "$TORCHNEURON_TEST_INDUCTOR_CACHE_DIR"' EXIT
 XDIST=(-n "$WORKERS" --dist worksteal)
 say "pytest (asynchronous launches, the default), $WORKERS workers"
 "$PY" -m pytest tests -q "${XDIST[@]}" "$@"
@@ -54,13 +59,15 @@ TORCHNEURON_ASYNC_MIN_BYTES=0 "$PY" -m pytest "${LAUNCH_MODE_TESTS[@]}" -q "${XD
 # best level. The kernel tests run again at every lower level the host can execute
 # (TORCHNEURON_KERNEL_ISA caps the level): an AVX-512 host also tests AVX2 and the baseline.
 # These files test every op whose kernel dispatches on the level (csrc/kernels: GEMM/GEMV, row
-# kernels, decode attention; the widened bf16 attention backward); tests/cpp loops over the
-# levels itself.
+# kernels, decode attention; the widened bf16 attention backward), less their tests marked
+# host_isa_only (the compile path and the off switch, whose kernels the eager tests reach);
+# tests/cpp loops over the levels itself.
 KERNEL_TESTS=(tests/test_native_gemm.py tests/test_native_rowkernels.py
   tests/test_native_sdpa_decode.py tests/test_attention_backward.py)
 HOST_ISA="$("$PY" -c 'import torchneuron; print(torchneuron._C._kernel_isa()["host_isa"])')"
 for level in scalar avx2 avx512 avx512_bf16 amx_bf16; do
   [ "$level" = "$HOST_ISA" ] && break
   say "pytest, kernel tests at the $level level (host: $HOST_ISA), ${#KERNEL_TESTS[@]} files"
-  TORCHNEURON_KERNEL_ISA=$level "$PY" -m pytest "${KERNEL_TESTS[@]}" -q "${XDIST[@]}"
+  TORCHNEURON_KERNEL_ISA=$level "$PY" -m pytest "${KERNEL_TESTS[@]}" -q -m "not host_isa_only" \
+    "${XDIST[@]}"
 done

@@ -38,11 +38,20 @@ os.environ["TORCHINDUCTOR_ERROR_ON_CUSTOM_OP_ALIASING"] = "1"
 # own (tests count what they compile). Ranks spawned by the tests import this module too: they
 # reuse their parent's directory.
 _NEFF_OWNER = os.environ.get("PYTEST_XDIST_WORKER", "main")
+_KERNELS = "TORCHNEURON_TEST_INDUCTOR_CACHE_DIR"
 if os.environ.get("TORCHNEURON_TEST_NEFF_OWNER") != _NEFF_OWNER:
     os.environ["TORCHNEURON_TEST_NEFF_OWNER"] = _NEFF_OWNER
     os.environ["TORCH_NEURONX_NEFF_CACHE_DIR"] = tempfile.mkdtemp(prefix="torchneuron-test-neff-")
-    os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
     atexit.register(shutil.rmtree, os.environ["TORCH_NEURONX_NEFF_CACHE_DIR"], ignore_errors=True)
+    # Inductor's C++ kernel libraries, by contrast, are shared by every worker of the run
+    # (scripts/test.sh passes one directory to all its pytest passes): they are named by a
+    # hash of their source and flags, so sharing saves g++ runs and changes no result, and no
+    # test counts them (the neuron cache's counters are per worker). Tests of where the
+    # kernels go give their subprocesses a directory of their own.
+    if not os.environ.get(_KERNELS):
+        os.environ[_KERNELS] = tempfile.mkdtemp(prefix="torchneuron-test-inductor-")
+        atexit.register(shutil.rmtree, os.environ[_KERNELS], ignore_errors=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.environ[_KERNELS]
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
