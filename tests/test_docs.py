@@ -57,10 +57,11 @@ INTERNAL = {
 # the `torch.backends` entry point that imports torchneuron (checked in the test below).
 READ_BY_TORCH = {"TORCH_DEVICE_BACKEND_AUTOLOAD"}
 # tests/ and benchmarks/ are not part of the scan above: they set the package's variables to
-# choose a configuration, and read only those, plus this one of the suite's own (conftest.py:
-# ranks and subprocesses started by a test reuse their parent's compile cache). The test
-# checks that this stays so.
-SUITE_PLUMBING = {"TORCHNEURON_TEST_NEFF_OWNER"}
+# choose a configuration, and read only those, plus these of the suite's own (conftest.py:
+# ranks and subprocesses started by a test reuse their parent's compile cache; every pass of
+# scripts/test.sh shares one directory of Inductor's kernels). The test checks that this
+# stays so.
+SUITE_PLUMBING = {"TORCHNEURON_TEST_NEFF_OWNER", "TORCHNEURON_TEST_INDUCTOR_CACHE_DIR"}
 
 _C_READ = re.compile(r"\b(?:std::)?(?:secure_)?getenv\s*\(([^()]*)\)|\bget_env\s*\(([^()]*)\)")
 _C_LITERAL = re.compile(r'\s*"([A-Za-z0-9_]+)"\s*')
