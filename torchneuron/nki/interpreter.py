@@ -10,7 +10,6 @@ once per input signature, are what :mod:`.codegen` turns into straight-line host
 from __future__ import annotations
 
 import threading
-import weakref
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ import numpy as np
 from . import dtypes
 from .chip_profile import PSUM_BANK_BYTES, PSUM_BANKS, ChipProfile, current_profile
 from .errors import NkiCapacityError, NkiError
+from .occupancy import Occupancy, largest
 from .tiles import Buffer, Storage, Tile, check_partition, split_shape
 
 
@@ -75,8 +75,7 @@ class Launch:
         self.program_ids: tuple[int, ...] = (0,) * len(grid)
         self.hbm_alloc = hbm_alloc
         self.profile: ChipProfile = current_profile()
-        self.sbuf_live = 0
-        self.psum_live = 0
+        self.occupancy = Occupancy()
         self.usage = Usage()
         self.shared: list[Storage] = []
         self.shared_cursor = 0
@@ -101,12 +100,6 @@ class Launch:
                 self.loop_stack.pop()
 
     # -- allocation ----------------------------------------------------------------------
-    def _release(self, buffer: Buffer, amount: int) -> None:
-        if buffer.name == "sbuf":
-            self.sbuf_live -= amount
-        else:
-            self.psum_live -= amount
-
     def allocate(self, shape: Any, dtype: Any, buffer: Buffer) -> Tile:
         ints, par_axis = split_shape(shape)
         dt = dtypes.canonical(dtype)
@@ -181,17 +174,13 @@ class Launch:
     def _charge_sbuf(self, storage: Storage) -> None:
         amount = storage.bytes_per_partition()
         limit = self.profile.sbuf_bytes_per_partition
-        if self.sbuf_live + amount > limit:
+        if amount > limit:
             raise NkiCapacityError(
-                f"SBUF is full on {self.profile.name}: allocating {amount} bytes per partition "
-                f"with {self.sbuf_live} live exceeds {limit} bytes per partition "
-                f"({limit * 128 // 2**20} MiB); free tiles (smaller loop bodies) or tile smaller"
+                f"SBUF is full on {self.profile.name}: one tile of shape {storage.array.shape} "
+                f"needs {amount} bytes per partition, beyond its {limit} bytes per partition "
+                f"({limit * 128 // 2**20} MiB); tile smaller"
             )
-        self.sbuf_live += amount
-        self.usage.sbuf_peak_bytes_per_partition = max(
-            self.usage.sbuf_peak_bytes_per_partition, self.sbuf_live
-        )
-        weakref.finalize(storage, self._release, storage.buffer, amount)
+        self.occupancy.allocated(storage.sid, "sbuf", amount, storage.array.shape, storage.dtype)
 
     def _charge_psum(self, storage: Storage) -> None:
         shape = storage.array.shape
@@ -204,14 +193,34 @@ class Launch:
                 "in the free dimension)"
             )
         banks = max(int(np.prod(shape[: storage.par_axis], dtype=np.int64)), 1)
-        if self.psum_live + banks > PSUM_BANKS:
+        if banks > PSUM_BANKS:
             raise NkiCapacityError(
-                f"PSUM is full: this tile needs {banks} bank(s) with {self.psum_live} live; the "
+                f"PSUM is full: one tile of shape {shape} needs {banks} banks; the NeuronCore "
+                f"has {PSUM_BANKS} banks of {PSUM_BANK_BYTES} bytes per partition"
+            )
+        self.occupancy.allocated(storage.sid, "psum", banks, shape, storage.dtype)
+
+    def check_occupancy(self) -> None:
+        """Records SBUF's and PSUM's peaks by liveness (occupancy.py); raises
+        NkiCapacityError if either passes the chip's capacity."""
+        sbuf, live = self.occupancy.peak("sbuf")
+        self.usage.sbuf_peak_bytes_per_partition = sbuf
+        limit = self.profile.sbuf_bytes_per_partition
+        if sbuf > limit:
+            raise NkiCapacityError(
+                f"SBUF is full on {self.profile.name}: {len(live)} tiles live at once (each "
+                f"read or written after the others were allocated) need {sbuf} bytes per "
+                f"partition, beyond its {limit} bytes per partition "
+                f"({limit * 128 // 2**20} MiB); largest: {largest(live)}; free tiles (smaller "
+                "loop bodies) or tile smaller"
+            )
+        banks, live = self.occupancy.peak("psum")
+        self.usage.psum_peak_banks = banks
+        if banks > PSUM_BANKS:
+            raise NkiCapacityError(
+                f"PSUM is full: {len(live)} tiles live at once need {banks} banks; the "
                 f"NeuronCore has {PSUM_BANKS} banks of {PSUM_BANK_BYTES} bytes per partition"
             )
-        self.psum_live += banks
-        self.usage.psum_peak_banks = max(self.usage.psum_peak_banks, self.psum_live)
-        weakref.finalize(storage, self._release, storage.buffer, banks)
 
     # -- recording -----------------------------------------------------------------------
     def ref(self, tile: Tile, safe: bool) -> Ref:
@@ -248,7 +257,14 @@ def enter(launch: Launch | None) -> Launch | None:
 
 
 # -- reads and writes ----------------------------------------------------------------------
+def _touch(tile: Tile) -> None:
+    launch = getattr(_state, "launch", None)
+    if launch is not None:
+        launch.occupancy.touched(tile.storage.sid)
+
+
 def read(tile: Tile, masked: bool) -> np.ndarray:
+    _touch(tile)
     if tile.adv is None:
         return tile.view
     if tile.adv_oob:
@@ -281,6 +297,7 @@ def fit_value(values: Any, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def write(tile: Tile, values: Any, mask: Any, mode: str) -> None:
+    _touch(tile)
     values = fit_value(values, tile.shape)
     if mode == "acc":
         values = read(tile, mask is not None).astype(np.float32) + values

@@ -186,6 +186,7 @@ class Kernel:
                 launch.program_ids = pid
                 launch.shared_cursor = 0
                 result = self.fn(*kernel_args, **kernel_kwargs)
+            launch.check_occupancy()  # before any result reaches the caller
             return result
         finally:
             interpreter.enter(previous)
