@@ -76,6 +76,7 @@ class Launch:
         self.hbm_alloc = hbm_alloc
         self.profile: ChipProfile = current_profile()
         self.occupancy = Occupancy()
+        self.data_dependent = False  # control flow read a device value (control_flow.py)
         self.usage = Usage()
         self.shared: list[Storage] = []
         self.shared_cursor = 0

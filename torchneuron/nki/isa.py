@@ -14,11 +14,22 @@ import enum
 
 # Imported for what they register: the instructions of each engine group.
 from . import isa_elementwise, isa_statistics_gpsimd_dma, isa_tensor_engine  # noqa: F401
+from .control_flow import (  # noqa: F401  (NKI's device scalars and registers)
+    NkiScalar,
+    VirtualRegister,
+    register_alloc,
+    register_load,
+    register_move,
+    register_store,
+    scalar_load,
+)
 from .instruction import INSTRUCTIONS
 
 _ENUMS_AND_QUERIES = [
     "dge_mode", "engine", "get_nc_version", "nc_version", "oob_mode", "reduce_cmd",
     "unknown_engine", "tensor_engine", "vector_engine", "scalar_engine", "gpsimd_engine",
+    "NkiScalar", "VirtualRegister", "register_alloc", "register_load", "register_move",
+    "register_store", "scalar_load",
 ]  # fmt: skip
 _INSTRUCTION_NAMES: list[str] = []
 for _instruction in INSTRUCTIONS.values():

@@ -15,6 +15,7 @@ import numpy as np
 
 from . import dtypes, interpreter, ops
 from .chip_profile import BN_STATS_FMAX, GEMM_MOVING_FMAX, GEMM_STATIONARY_FMAX, PARTITIONS
+from .control_flow import NkiScalar, fori_loop, if_else, while_loop  # noqa: F401
 from .dtypes import (  # noqa: F401  (re-exported NKI names)
     bfloat16,
     bool_,
