@@ -316,6 +316,50 @@ def test_masked_result_assigned_into_a_tile_writes_only_where_the_mask_holds() -
             np.testing.assert_array_equal(got, expected)
 
 
+def test_one_element_indexed_by_integers_is_written_in_place() -> None:
+    # AWS's mixed-precision flash-attention backward writes single elements (``t[i, j] = ...``):
+    # an all-integer index must address the tile's element, not a copy of its value.
+    @nki.jit
+    def exp_one_element(x):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        tile = nl.load(x)
+        tile[1, 2] = nl.exp(tile[1, 2])
+        nl.store(out, tile)
+        return out
+
+    x = RNG.standard_normal((4, 4)).astype(np.float32)
+    expected = x.copy()
+    expected[1, 2] = np.exp(x[1, 2])
+    for got in _both(exp_one_element, x):
+        np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+def test_tiles_dead_before_the_next_generation_do_not_count_toward_capacity() -> None:
+    # AWS's flash-attention backward and select-and-scatter rebind loop variables: Python still
+    # names the last generation when the next is allocated, where the NKI compiler has freed
+    # it at its last use. Each (128, 40000) float32 tile takes 160,000 of trn2's 229,376 bytes
+    # per partition: two at once would not fit.
+    @nki.jit
+    def rebinds_a_large_tile(x):
+        out = nl.ndarray((128, 40000), dtype=nl.float32, buffer=nl.shared_hbm)
+        sums = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+        acc = nl.zeros((128, 1), dtype=nl.float32, buffer=nl.sbuf)
+        tile = None
+        for _ in range(3):
+            tile = nl.load(x)  # the previous tile is still named here
+            acc[...] = nl.add(acc, nl.sum(tile, axis=1, keepdims=True))
+        nl.store(out, tile)
+        nl.store(sums, acc)
+        return out, sums
+
+    x = np.ones((128, 40000), np.float32)
+    got, sums = rebinds_a_large_tile.interpret(x)
+    np.testing.assert_array_equal(got, x)
+    np.testing.assert_array_equal(sums, np.full((128, 1), 3 * 40000, np.float32))
+    peak = rebinds_a_large_tile.last_usage.sbuf_peak_bytes_per_partition
+    assert 160_000 < peak < 2 * 160_000  # one generation, and the small sums beside it
+
+
 def test_direct_allocation_may_overlap_but_stays_inside() -> None:
     @nki.jit
     def overlapping_banks(x):

@@ -191,6 +191,9 @@ class Tile:
                 return Tile(self.storage, self.keys, self.view, adv=items)
             items = basic
         view = self.view[items]
+        if not isinstance(view, np.ndarray):  # every axis taken by an integer: numpy copies
+            items = (*items, Ellipsis)  # the element as a 0-d view instead (replayed as is)
+            view = self.view[items]
         # Integer indices before the partition axis (block dimensions) remove it from view.
         dropped = sum(1 for i in items[: self.par_axis] if isinstance(i, int))
         return Tile(self.storage, self.keys + (items,), view, par_axis=self.par_axis - dropped)
