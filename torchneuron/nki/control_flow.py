@@ -121,7 +121,7 @@ def register_move(dst: Any, src: Any) -> None:
     _register(dst, "nisa.register_move").value = _wrap32(_value(src, "nisa.register_move"))
 
 
-def _one_element(src: Any, what: str) -> Any:
+def _one_element(src: Any, what: str) -> int:
     if not isinstance(src, Tile):
         raise NkiError(f"{what}: src must be a tensor in HBM or SBUF, not {type(src).__name__}")
     if src.buffer.name == "psum":
