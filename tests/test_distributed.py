@@ -8,7 +8,6 @@ The launcher kills its ranks after a deadline, so a hang fails the test instead 
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import queue
 from collections.abc import Callable
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from support.ranks import free_port, rank_entry, run_ranks
+from support.ranks import free_port, rank_context, rank_entry, run_ranks
 
 TOL = {"atol": 1e-5, "rtol": 1e-4}
 DEADLINE_S = 180
@@ -279,7 +278,7 @@ def _stalled_peer(rank: int, size: int) -> str:
 def _run_fault(fn: Callable[[int, int], object]) -> list[int | None]:
     """Runs a fault scenario whose ranks end with os._exit(0) once their checks pass. The group
     timeout is a long 60 s: faults must be noticed by liveness or the call's own timeout."""
-    ctx = mp.get_context("spawn")
+    ctx = rank_context()
     results = ctx.Queue()
     port = free_port()
     procs = [

@@ -1,14 +1,21 @@
-"""Spawned ranks of a torch.distributed job, for tests that compare with a CPU/gloo run.
+"""Ranks of a torch.distributed job in fresh processes, for tests that compare with a CPU/gloo run.
 
-Each rank is a spawned process (the runtime refuses forked children) with one neuron device
-(LOCAL_RANK) and one intra-op thread, so a CPU reference and the device run the same
-reductions. A rank's error is reported with its traceback; a rank that does not report
-within the deadline fails the test instead of hanging CI.
+Each rank is a process of its own with one neuron device (LOCAL_RANK) and one intra-op
+thread, so a CPU reference and the device run the same reductions. A rank's error is reported
+with its traceback; a rank that does not report within the deadline fails the test instead of
+hanging CI.
+
+Ranks are forked from a multiprocessing fork server that has imported torch and never touched
+the device (the runtime refuses children forked after its initialisation, and a fork server's
+children are not): a spawned interpreter spends ~2 CPU-s importing torch, which on two cores
+is most of what a small distributed test costs. A rank reads the environment the fork server
+started with, so once a test has changed the environment since then, its ranks are spawned.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import multiprocessing.forkserver as forkserver
 import os
 import queue
 import socket
@@ -20,6 +27,30 @@ import pytest
 import torch
 
 DEADLINE_S = 300
+
+# Read by each rank itself, not at import: they may differ from the fork server's.
+_PER_RANK_VARIABLES = {"MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "PYTEST_CURRENT_TEST"}
+_fork_server_environment: dict[str, str] | None = None
+
+
+def _launch_environment() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in _PER_RANK_VARIABLES}
+
+
+def rank_context() -> Any:
+    """The multiprocessing context to start ranks with: the fork server (torch imported) while
+    the environment is the one it started with, else spawn (a fresh interpreter reads it)."""
+    global _fork_server_environment
+    if _fork_server_environment is None:
+        if getattr(forkserver._forkserver, "_forkserver_pid", None) is not None:
+            return mp.get_context("spawn")  # started elsewhere, with an environment unknown here
+        _fork_server_environment = _launch_environment()
+        context = mp.get_context("forkserver")
+        context.set_forkserver_preload(["torch", "torch.distributed"])
+        return context
+    if _launch_environment() == _fork_server_environment:
+        return mp.get_context("forkserver")
+    return mp.get_context("spawn")
 
 
 def free_port() -> int:
@@ -62,8 +93,8 @@ def rank_entry(
 def run_ranks(
     fn: Callable[..., Any], size: int, backend: str = "neuron", *args: Any
 ) -> dict[int, Any]:
-    """fn(rank, size, *args) in `size` spawned processes under `backend`; rank -> value."""
-    ctx = mp.get_context("spawn")
+    """fn(rank, size, *args) in `size` fresh processes under `backend`; rank -> value."""
+    ctx = rank_context()
     results = ctx.Queue()
     port = free_port()
     procs = [
