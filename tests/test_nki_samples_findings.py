@@ -18,7 +18,7 @@ import torchneuron.nki as nki
 import torchneuron.nki.compiler as ncc
 import torchneuron.nki.isa as nisa
 import torchneuron.nki.language as nl
-from torchneuron.nki import NkiCapacityError, NkiUnsupportedError
+from torchneuron.nki import NkiCapacityError, NkiError, NkiUnsupportedError
 
 RNG = np.random.default_rng(11)
 
@@ -114,6 +114,66 @@ def test_reduction_masked_over_its_input_and_slices_past_the_end() -> None:
 
     with pytest.raises(IndexError, match="guard the access with mask="):
         unmasked.interpret(a)
+
+
+def test_bn_stats_masked_over_its_input_window() -> None:
+    """The legacy layernorm tutorial's pattern: bn_stats per 512-column chunk, the last chunk
+    reaching past the end under a mask over the input's columns; bn_aggr gives the mean and
+    variance of exactly the valid columns. Also the dst form, and a mask that differs by
+    partition (each row's statistics over its own window)."""
+    fmax = nl.tile_size.bn_stats_fmax
+
+    @nki.jit
+    def row_moments(a):
+        rows, cols = a.shape
+        out = nl.ndarray((rows, 2), dtype=nl.float32, buffer=nl.shared_hbm)
+        chunks = (cols + fmax - 1) // fmax
+        i_p = nl.arange(rows)[:, None]
+        i_f = nl.arange(fmax)[None, :]
+        i_s = nl.arange(6)[None, :]
+        tile = nl.load(a)
+        stats = nl.ndarray((rows, 6 * chunks), dtype=nl.float32)
+        for j in nl.affine_range(chunks):
+            stats[i_p, j * 6 + i_s] = nisa.bn_stats(
+                tile[i_p, j * fmax + i_f], mask=(j * fmax + i_f < cols), dtype=nl.float32
+            )
+        nl.store(out, value=nisa.bn_aggr(stats))
+        return out
+
+    for cols in (1000, 70):
+        a = RNG.standard_normal((128, cols), dtype=np.float32) + 3
+        for got in _both(row_moments, a):
+            np.testing.assert_allclose(got[:, 0], a.mean(1), rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(got[:, 1], a.var(1), rtol=1e-4, atol=1e-5)
+
+    @nki.jit
+    def staggered(a):
+        out = nl.ndarray((128, 6), dtype=nl.float32, buffer=nl.shared_hbm)
+        stats = nl.zeros((128, 6), dtype=nl.float32)
+        i_p = nl.arange(128)[:, None]
+        i_f = nl.arange(a.shape[1])[None, :]
+        nisa.bn_stats(dst=stats, data=nl.load(a), mask=2 * i_f < i_p + 2)  # row r: (r+1)//2 + 1
+        nl.store(out, value=stats)
+        return out
+
+    a = RNG.standard_normal((128, 64), dtype=np.float32)
+    for got in _both(staggered, a):
+        for r in range(128):
+            window = a[r, : (r + 1) // 2 + 1]
+            for half, part in enumerate((window[0::2], window[1::2])):
+                assert got[r, 3 * half] == part.size
+                if part.size:
+                    np.testing.assert_allclose(got[r, 3 * half + 1], part.mean(), atol=1e-5)
+                    np.testing.assert_allclose(got[r, 3 * half + 2], part.var(), atol=1e-5)
+
+    @nki.jit
+    def misfit(a):
+        stats = nl.ndarray((128, 6), dtype=nl.float32)
+        nisa.bn_stats(dst=stats, data=nl.load(a), mask=nl.arange(3)[None, :] < 2)
+        return stats
+
+    with pytest.raises(NkiError, match=r"fits neither the input \(128, 64\) nor dst"):
+        misfit.interpret(a)
 
 
 def test_legacy_matmul_takes_a_psum_operand_and_transpose_mode() -> None:

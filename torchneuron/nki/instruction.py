@@ -58,11 +58,13 @@ class Instruction:
 
     def _legacy(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The tile-returning form; its result remembers the call's mask=, so that
-        ``t[k] = nisa.f(..., mask=m)`` leaves t unchanged where m is false."""
+        ``t[k] = nisa.f(..., mask=m)`` leaves t unchanged where m is false. A mask over the
+        inputs that does not fit the result (bn_stats' window) was the instruction's own."""
         assert self.returns_tile is not None
         result = self.returns_tile(*args, **kwargs)
-        if isinstance(result, Tile) and kwargs.get("mask") is not None:
-            result.write_mask = kwargs["mask"]
+        mask = kwargs.get("mask")
+        if isinstance(result, Tile) and mask is not None and ops.mask_fits(mask, result.shape):
+            result.write_mask = mask
         return result
 
     def __repr__(self) -> str:

@@ -43,6 +43,16 @@ def _bn_aggr_body(stats: Any) -> Any:
     return np.stack([grand, m2], axis=1)
 
 
+def _bn_stats_of_window(x: Any, keep: Any) -> Any:
+    """bn_stats over the elements of each partition that `keep` selects (the instruction's
+    access pattern is the masked window: elements outside it take no part)."""
+    x = ops.f32(x).reshape(x.shape[0], -1)
+    keep = keep.reshape(x.shape[0], -1)
+    if (keep == keep[:1]).all():  # one window for every partition (a free-axis mask)
+        return _bn_stats_body(x[:, keep[0]])
+    return np.concatenate([_bn_stats_body(x[r : r + 1, keep[r]]) for r in range(x.shape[0])])
+
+
 _bn_stats_body.lowering = ("bn_stats",)  # type: ignore[attr-defined]
 _bn_aggr_body.lowering = ("bn_aggr",)  # type: ignore[attr-defined]
 
@@ -58,9 +68,21 @@ def bn_stats(dst: Tile, data: Tile, mask: Any = None, **_: Any) -> None:
         )
     if dst.shape != (data.shape[0], 6):
         raise NkiError(f"nisa.bn_stats: dst must have shape [{data.shape[0]}, 6], got {dst.shape}")
-    interpreter.execute(
-        _bn_stats_body, [data], [(dst, mask, "set")], "vector", ops.free_size(data.shape)
-    )
+    body: Any = _bn_stats_body
+    ins: list[Any] = [data]
+    if mask is not None and not ops.mask_fits(mask, dst.shape):
+        # A mask over the input (AWS's layernorm tutorial masks the last chunk's columns):
+        # the statistics are those of the masked window, written to every partition that has
+        # an element in it.
+        if not ops.mask_fits(mask, data.shape):
+            raise NkiError(
+                f"nisa.bn_stats: a mask of shape {np.shape(mask)} fits neither the input "
+                f"{data.shape} nor dst {dst.shape}"
+            )
+        keep = np.broadcast_to(np.asarray(mask, dtype=bool), data.shape)
+        body, ins = _bn_stats_of_window, [data, keep]
+        mask = keep.reshape(data.shape[0], -1).any(axis=1, keepdims=True)
+    interpreter.execute(body, ins, [(dst, mask, "set")], "vector", ops.free_size(data.shape))
 
 
 @bn_stats.legacy

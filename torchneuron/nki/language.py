@@ -323,18 +323,11 @@ def where(condition: Any, x: Any, y: Any, *, dtype: Any = None, mask: Any = None
 _REDUCE_IDENTITY = {"add": 0.0, "maximum": -np.inf, "minimum": np.inf, "multiply": 1.0}
 
 
-def _broadcasts(mask: Any, shape: tuple[int, ...]) -> bool:
-    try:
-        return np.broadcast_shapes(np.shape(mask), shape) == tuple(shape)
-    except ValueError:
-        return False
-
-
 def _masked_reduction(
     body: Callable[..., Any], op: str, x: Tile, mask: Any, axes: tuple[int, ...], keepdims: bool
 ) -> tuple[Callable[..., Any], list[Any], Any]:
     """(body, inputs, output mask) of a reduction whose mask covers its input."""
-    if op not in _REDUCE_IDENTITY or not _broadcasts(mask, x.shape):
+    if op not in _REDUCE_IDENTITY or not ops.mask_fits(mask, x.shape):
         raise NkiError(
             f"a mask of shape {np.shape(mask)} fits neither the reduction's input {x.shape} "
             "nor its output"
@@ -371,7 +364,7 @@ def _reduction(name: str, op: str) -> Callable[..., Tile]:
             body.lowering = ("reduce", op, axes, keepdims, False, count)  # type: ignore[attr-defined]
 
         ins: list[Any] = [x]
-        if mask is not None and not _broadcasts(mask, out.shape):
+        if mask is not None and not ops.mask_fits(mask, out.shape):
             # A mask over the reduced input's iteration space (AWS's adaptive pooling masks
             # the pooling window): masked-off elements take no part, and the result is
             # written where any element of its row took part.

@@ -174,6 +174,14 @@ def pad(x: Any, rank: int) -> Any:
     return x
 
 
+def mask_fits(mask: Any, shape: tuple[int, ...]) -> bool:
+    """Whether a mask broadcasts to `shape` (an operand's iteration space)."""
+    try:
+        return np.broadcast_shapes(np.shape(mask), shape) == tuple(shape)
+    except ValueError:
+        return False
+
+
 def broadcast_shapes(values: list[Any], what: str) -> tuple[int, ...]:
     rank = max((len(v.shape) for v in values if isinstance(v, Tile)), default=0)
     shapes = [v.shape + (1,) * (rank - len(v.shape)) for v in values if isinstance(v, Tile)]
