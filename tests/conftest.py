@@ -24,6 +24,10 @@ _CONFIG_VARIABLES = (
     "TORCHNEURON_HOST_MEMORY_BUDGET",
     "TORCHNEURON_CHIPS",
     "TORCH_DEVICE_BACKEND_AUTOLOAD",
+    # AWS's simulator switches, read at each NKI call: the suite chooses the path per test.
+    "NKI_SIMULATOR",
+    "NKI_PRECISE_FP",
+    "TORCHNEURON_NKI_EXECUTION",
 )
 for _name in _CONFIG_VARIABLES:
     os.environ.pop(_name, None)

@@ -38,10 +38,10 @@ COMMAND_DOCS = [README, ROOT / "examples" / "README.md", *DOCS]
 
 # -- 1. environment variables ----------------------------------------------------------------
 
-# The project's own knobs: its names and TorchNeuron's (NEURON_*, TORCH_NEURONX_*). Variables
-# of other tools the code reads (torchrun's RANK / LOCAL_RANK / WORLD_SIZE, XDG_*, CXX,
-# TORCHINDUCTOR_CACHE_DIR) are theirs to document.
-PROJECT_PREFIXES = ("NEURON_", "TORCHNEURON_", "TORCH_NEURONX_")
+# The project's own knobs: its names and TorchNeuron's (NEURON_*, TORCH_NEURONX_*, and NKI's
+# NKI_*). Variables of other tools the code reads (torchrun's RANK / LOCAL_RANK / WORLD_SIZE,
+# XDG_*, CXX, TORCHINDUCTOR_CACHE_DIR) are theirs to document.
+PROJECT_PREFIXES = ("NEURON_", "TORCHNEURON_", "TORCH_NEURONX_", "NKI_")
 CODE_DIRS = ("torchneuron", "compat", "csrc", "demo", "devtools")
 
 # Read by the package, but plumbing between the project's own processes, not a setting.

@@ -9,6 +9,7 @@ once per input signature, are what :mod:`.codegen` turns into straight-line host
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -62,6 +63,24 @@ class Usage:
     psum_peak_banks: int = 0
 
 
+def switch(name: str, value: str | None, default: bool) -> bool:
+    """An on/off environment variable of AWS's NKI tools: ``1`` or ``0`` (unset: `default`)."""
+    value = (value or "").strip()
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{name}={value!r}: use 1 or 0")
+    return default if value == "" else value == "1"
+
+
+def simulator_requested() -> bool:
+    """NKI_SIMULATOR=1: AWS's switch that runs every ``nki.jit`` kernel in its simulator."""
+    return switch("NKI_SIMULATOR", os.environ.get("NKI_SIMULATOR"), default=False)
+
+
+def precise_fp() -> bool:
+    """NKI_PRECISE_FP (default 1): whether the simulator rounds low-precision values."""
+    return switch("NKI_PRECISE_FP", os.environ.get("NKI_PRECISE_FP"), default=True)
+
+
 class Launch:
     """State of one kernel launch (all its SPMD program instances)."""
 
@@ -81,6 +100,9 @@ class Launch:
         self.shared: list[Storage] = []
         self.shared_cursor = 0
         self.steps: list[Step] | None = [] if record else None
+        # NKI_PRECISE_FP=0 is a setting of the simulator (AWS's and this interpreter), not of
+        # the hardware: a recording for the compiled path rounds as the hardware does.
+        self.rounds_low_precision = record or precise_fp()
         self.arrays: dict[int, np.ndarray] = {}  # sid -> array of every storage recorded
         self.roles: dict[int, tuple[str, int]] = {}
         self.nki_dtypes: dict[int, Any] = {}
@@ -302,7 +324,7 @@ def write(tile: Tile, values: Any, mask: Any, mode: str) -> None:
     values = fit_value(values, tile.shape)
     if mode == "acc":
         values = read(tile, mask is not None).astype(np.float32) + values
-    if dtypes.needs_rounding(tile.dtype):
+    if dtypes.needs_rounding(tile.dtype) and current().rounds_low_precision:
         values = dtypes.round_to(values, tile.dtype)
     view = tile.view
     if mask is None:

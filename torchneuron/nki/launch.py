@@ -56,10 +56,19 @@ def _dtype_key(dtype: Any) -> str:
 
 
 def _execution_mode() -> str:
-    mode = os.environ.get("TORCHNEURON_NKI_EXECUTION", "compiled")
-    if mode not in ("compiled", "interpret"):
+    """``compiled`` or ``interpret``: TORCHNEURON_NKI_EXECUTION, or NKI_SIMULATOR=1 (AWS's
+    switch that runs every ``nki.jit`` kernel in its CPU simulator: here, the interpreter)."""
+    mode = os.environ.get("TORCHNEURON_NKI_EXECUTION")
+    if mode not in (None, "compiled", "interpret"):
         raise ValueError(f"TORCHNEURON_NKI_EXECUTION={mode!r}: use 'compiled' or 'interpret'")
-    return mode
+    if interpreter.simulator_requested():
+        if mode == "compiled":
+            raise ValueError(
+                "NKI_SIMULATOR=1 runs every kernel in the simulator (the interpreter) and "
+                "TORCHNEURON_NKI_EXECUTION=compiled asks for the compiled path: unset one"
+            )
+        return "interpret"
+    return mode or "compiled"
 
 
 class Kernel:
