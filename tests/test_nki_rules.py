@@ -190,3 +190,78 @@ def test_store_writes_hbm():
 
     with pytest.raises(NkiError, match="nl.store writes HBM; the destination is sbuf"):
         _run(body, _zeros(128, 4))
+
+
+# -- a refused kernel has done nothing ------------------------------------------------------
+
+
+def _in_place_doubling_then(refusal):  # noqa: ANN001, ANN202
+    @nki.jit
+    def kernel(a):
+        nl.store(a, value=nl.multiply(nl.load(a), 2.0))  # the caller's tensor, written first
+        refusal(a)
+
+    return kernel
+
+
+def _reduce_over_partitions(a) -> None:  # noqa: ANN001 - refused at the instruction
+    nl.sum(nl.load(a), axis=0)
+
+
+def _sbuf_overfull_by_liveness(a) -> None:  # noqa: ANN001 - refused once the kernel has run
+    tiles = [nl.zeros((128, 8192), nl.float32) for _ in range(7)]  # 7 x 32 KiB live at once
+    total = tiles[0]
+    for tile in tiles[1:]:
+        total = nl.add(total, tile)
+
+
+def _arguments() -> dict[str, object]:
+    import torch
+
+    base = torch.arange(128 * 16, dtype=torch.float32).reshape(128, 16)
+    return {
+        "numpy": base.numpy().copy(),
+        "cpu": base.clone(),
+        "neuron": base.to("neuron"),
+        "neuron strided view": base.repeat(1, 3).to("neuron")[:, ::3],
+        "neuron bfloat16": base.to(torch.bfloat16).to("neuron"),
+    }
+
+
+def _snapshot(value) -> np.ndarray:  # noqa: ANN001
+    if isinstance(value, np.ndarray):
+        return value.astype(np.float32)
+    return value.cpu().float().clone().numpy()
+
+
+@pytest.mark.parametrize("path", ["interpret", "compiled"])
+@pytest.mark.parametrize(
+    "refusal,error,message",
+    [
+        (_reduce_over_partitions, NkiError, "reducing over the partition dimension"),
+        (_sbuf_overfull_by_liveness, NkiCapacityError, "SBUF is full on trn1"),
+    ],
+    ids=["instruction", "capacity"],
+)
+def test_a_refused_kernel_leaves_its_arguments_as_they_were(
+    monkeypatch, path, refusal, error, message
+):
+    """The kernel writes its argument in place, then breaks a rule: the error comes before
+    any of its work reaches the caller (the interpreter ran on copies of the arguments)."""
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
+    kernel = _in_place_doubling_then(refusal)
+    for name, value in _arguments().items():
+        before = _snapshot(value)
+        with pytest.raises(error, match=message):
+            kernel.interpret(value) if path == "interpret" else kernel(value)
+        np.testing.assert_array_equal(_snapshot(value), before, err_msg=name)
+
+
+@pytest.mark.parametrize("path", ["interpret", "compiled"])
+def test_a_completed_kernel_writes_its_arguments_in_place(path):
+    kernel = _in_place_doubling_then(lambda a: None)
+    for name, value in _arguments().items():
+        before = _snapshot(value)
+        for call in range(2):  # compiled: the trace, then the compiled program
+            kernel.interpret(value) if path == "interpret" else kernel(value)
+            np.testing.assert_array_equal(_snapshot(value), before * 2 ** (call + 1), err_msg=name)

@@ -5,7 +5,8 @@ numpy arrays and CPU tensors are used in place. A ``neuron`` tensor's memory is 
 through a numpy view of the very same bytes, with the tensor's strides (non-contiguous
 views work). Results of a launch with ``neuron`` inputs are allocated on that device.
 bfloat16 has no numpy type: such tensors go in as float32 copies (bfloat16 values, exact)
-and are written back / converted on the way out.
+and are written back / converted on the way out. The interpreter runs on same-layout copies
+(``Shadows``), so a kernel refused part way leaves its arguments untouched.
 """
 
 from __future__ import annotations
@@ -95,6 +96,54 @@ def write_back(args: list[HbmArg]) -> None:
             continue
         with _torch().no_grad():
             arg.source.copy_(_torch().from_numpy(arg.array))
+
+
+class Shadows:
+    """Copies of a launch's HBM arguments, same layout, that the interpreter runs on: a kernel
+    refused part way (a rule it breaks at an instruction, SBUF/PSUM capacity counted once it
+    has run) leaves the caller's arrays and tensors as they were. What the kernel wrote is
+    copied back once it has run to its end. Arguments that share memory keep it (each sees
+    the other's writes), and run in place."""
+
+    def __init__(self, args: list[HbmArg]) -> None:
+        self.args = args
+        self.originals: dict[int, np.ndarray] = {}
+        arrays = [a.array for a in args]
+        if any(np.may_share_memory(x, y) for n, x in enumerate(arrays) for y in arrays[n + 1 :]):
+            return
+        for n, arg in enumerate(args):
+            if arg.write_back:
+                continue  # already a copy (bfloat16), written back after a completed run
+            copy = _same_layout_copy(arg.array)
+            if copy is not None:
+                self.originals[n] = arg.array
+                arg.array = copy
+
+    def commit(self, written: set[int]) -> None:
+        """The run completed: the arguments it wrote get their new contents."""
+        for n, original in self.originals.items():
+            if n in written:
+                np.copyto(original, self.args[n].array)
+        self.discard()
+
+    def discard(self) -> None:
+        for n, original in self.originals.items():
+            self.args[n].array = original
+        self.originals = {}
+
+
+def _same_layout_copy(array: np.ndarray) -> np.ndarray | None:
+    """A copy with `array`'s strides (compiled programs address HBM by them), or None when
+    there is nothing to copy or the layout cannot be reproduced (negative strides)."""
+    itemsize = array.itemsize
+    if array.size == 0 or any(s < 0 or s % itemsize for s in array.strides):
+        return None
+    span = 1 + sum((d - 1) * s // itemsize for d, s in zip(array.shape, array.strides, strict=True))
+    copy = np.lib.stride_tricks.as_strided(
+        np.empty(span, array.dtype), shape=array.shape, strides=array.strides
+    )
+    np.copyto(copy, array)
+    return copy
 
 
 def torch_dtype(dtype: Any) -> Any:

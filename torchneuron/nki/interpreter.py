@@ -103,6 +103,7 @@ class Launch:
         # NKI_PRECISE_FP=0 is a setting of the simulator (AWS's and this interpreter), not of
         # the hardware: a recording for the compiled path rounds as the hardware does.
         self.rounds_low_precision = record or precise_fp()
+        self.inputs_written: set[int] = set()  # positions of the HBM arguments written
         self.arrays: dict[int, np.ndarray] = {}  # sid -> array of every storage recorded
         self.roles: dict[int, tuple[str, int]] = {}
         self.nki_dtypes: dict[int, Any] = {}
@@ -321,10 +322,14 @@ def fit_value(values: Any, shape: tuple[int, ...]) -> np.ndarray:
 
 def write(tile: Tile, values: Any, mask: Any, mode: str) -> None:
     _touch(tile)
+    launch = current()
+    role = tile.storage.role
+    if role is not None and role[0] == "input":
+        launch.inputs_written.add(role[1])
     values = fit_value(values, tile.shape)
     if mode == "acc":
         values = read(tile, mask is not None).astype(np.float32) + values
-    if dtypes.needs_rounding(tile.dtype) and current().rounds_low_precision:
+    if dtypes.needs_rounding(tile.dtype) and launch.rounds_low_precision:
         values = dtypes.round_to(values, tile.dtype)
     view = tile.view
     if mask is None:

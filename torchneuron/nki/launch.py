@@ -24,7 +24,7 @@ from . import codegen, interpreter, row_programs
 from .chip_profile import target_name
 from .cost import CostEstimate, from_usage
 from .errors import NkiError
-from .hbm_io import Allocator, HbmArg, launch_device, to_hbm, write_back
+from .hbm_io import Allocator, HbmArg, Shadows, launch_device, to_hbm, write_back
 from .interpreter import Launch, Usage
 from .tiles import Storage, Tile, hbm, resolve_keys
 
@@ -164,7 +164,13 @@ class Kernel:
                 entry.result, [a.array for a in hbm_args], outputs, entry.outputs, allocator
             )
         launch = Launch(self.grid, allocator, record=compiled)
-        result = self._interpret(launch, converted, converted_kw, hbm_args)
+        shadows = Shadows(hbm_args)
+        try:
+            result = self._interpret(launch, converted, converted_kw, hbm_args)
+        except BaseException:
+            shadows.discard()  # refused: the caller's arguments are as they were
+            raise
+        shadows.commit(launch.inputs_written)
         self.last_usage = launch.usage
         outputs = [s.array for s in launch.shared]
         meta = [(s.array.shape, s.dtype) for s in launch.shared]
