@@ -269,6 +269,10 @@ def test_strided_hbm_input_gets_its_own_program():
 
 
 def test_partially_written_output_is_zero_elsewhere():
+    """The compiled program's output is zero where the kernel never wrote it (reused memory
+    leaks nothing between calls); the interpreter shows such elements as NaN, as AWS's
+    simulator does, since on the chip they are undefined."""
+
     @nki.jit
     def kernel(x):
         out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
@@ -280,7 +284,8 @@ def test_partially_written_output_is_zero_elsewhere():
     for _ in range(3):  # fresh, reused memory: the unwritten rows must still be zero
         expected, got, _ = _run(kernel, x)
         np.testing.assert_array_equal(got[128:], 0.0)
-        _close(got, expected)
+        assert np.isnan(expected[128:]).all()
+        _close(got[:128], expected[:128])
 
 
 def test_small_runs_stay_numpy_in_auto_mode(monkeypatch):

@@ -160,12 +160,20 @@ class Allocator:
         self.device = device  # None (numpy) or a torch.device
         self.tensors: dict[int, Any] = {}  # id(array) -> tensor owning it
 
-    def __call__(self, shape: tuple[int, ...], dtype: Any, zero: bool = True) -> np.ndarray:
+    def __call__(
+        self, shape: tuple[int, ...], dtype: Any, zero: bool = True, fill: Any = None
+    ) -> np.ndarray:
+        """A new tensor: filled with `fill` if given, else zeros if `zero`, else uninitialised."""
         if self.device is None or dtypes.needs_rounding(dtype):
+            if fill is not None:
+                return np.full(shape, fill, dtypes.storage(dtype))
             return (np.zeros if zero else np.empty)(shape, dtypes.storage(dtype))
         torch = _torch()
-        make = torch.zeros if zero else torch.empty
-        tensor = make(shape, dtype=torch_dtype(dtype), device=self.device)
+        if fill is not None:
+            tensor = torch.full(shape, fill, dtype=torch_dtype(dtype), device=self.device)
+        else:
+            make = torch.zeros if zero else torch.empty
+            tensor = make(shape, dtype=torch_dtype(dtype), device=self.device)
         if self.device.type == "neuron":
             # zeros() may be launched on the stream: the kernel writes the bytes from this
             # thread, so the fill must be done first (else it lands over the kernel's stores).

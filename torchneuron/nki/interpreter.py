@@ -81,6 +81,13 @@ def precise_fp() -> bool:
     return switch("NKI_PRECISE_FP", os.environ.get("NKI_PRECISE_FP"), default=True)
 
 
+def uninitialized_value(dtype: Any) -> Any:
+    """What a new tile or tensor holds before the kernel writes it: on the chip its contents
+    are undefined, so, as in AWS's simulator, NaN (floats) or 4 (integers) — a kernel that
+    computes on memory it never wrote shows NaN instead of passing by the luck of zeros."""
+    return np.nan if dtypes.is_float(dtypes.canonical(dtype)) else 4
+
+
 class Launch:
     """State of one kernel launch (all its SPMD program instances)."""
 
@@ -139,10 +146,12 @@ class Launch:
             return Tile(storage)
         if buffer.on_chip:
             check_partition(ints, par_axis, f"{buffer.name} tile")
-            array = np.zeros(ints, dtype=dtypes.storage(dt))
+            array = np.full(ints, uninitialized_value(dt), dtype=dtypes.storage(dt))
         else:
-            array = self.hbm_alloc(ints, dt)
+            array = self.hbm_alloc(ints, dt, fill=uninitialized_value(dt))
         storage = Storage(array, buffer, dt, par_axis)
+        if buffer.name == "psum":
+            storage.fresh = np.ones(ints, dtype=bool)  # for nc_matmul(accumulate=None)
         if buffer.direct:
             self._check_direct(storage)
         elif buffer.name == "sbuf":
@@ -158,8 +167,9 @@ class Launch:
             storage.role = ("scratch", self.scratch_count)
             self.scratch_count += 1
             if self.steps is not None:
-                # Fresh tiles read as zeros here; the compiled path re-zeroes them at the same
-                # point unless their first write covers them.
+                # The compiled path fills fresh tiles with zeros at the same point unless their
+                # first write covers them: a kernel that reads what it never wrote gets NaN
+                # here and zeros there, both of them what the hardware may give.
                 self.roles[storage.sid] = storage.role
                 self.arrays[storage.sid] = storage.array
                 self.nki_dtypes[storage.sid] = storage.dtype
@@ -289,16 +299,36 @@ def _touch(tile: Tile) -> None:
 
 def read(tile: Tile, masked: bool) -> np.ndarray:
     _touch(tile)
+    return _load(tile.view, tile, masked)
+
+
+def _load(view: np.ndarray, tile: Tile, masked: bool) -> np.ndarray:
+    """The elements of `view` (the tile's view, or one laid out like it) the tile names."""
     if tile.adv is None:
-        return tile.view
+        return view
     if tile.adv_oob:
         if not masked:
             raise IndexError(
-                f"index expression reaches outside a tensor of shape {tile.view.shape}; "
+                f"index expression reaches outside a tensor of shape {view.shape}; "
                 "guard the access with mask= (e.g. mask=(i_p < size))"
             )
-        return tile.view[tile.adv_safe]
-    return tile.view[tile.adv]
+        return view[tile.adv_safe]
+    return view[tile.adv]
+
+
+def _fresh_view(tile: Tile) -> np.ndarray | None:
+    """Which elements of the tile's view were never written since allocation (PSUM tiles
+    allocated uninitialised), laid out like the view; None when not tracked."""
+    storage = tile.storage
+    if storage.fresh is None:
+        return None
+    base, view = storage.array, tile.view
+    offset = view.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+    return np.lib.stride_tricks.as_strided(
+        storage.fresh.reshape(-1)[offset // base.itemsize :],
+        shape=view.shape,
+        strides=tuple(s // base.itemsize for s in view.strides),  # bool: one byte per element
+    )
 
 
 def fit_value(values: Any, shape: tuple[int, ...]) -> np.ndarray:
@@ -327,11 +357,23 @@ def write(tile: Tile, values: Any, mask: Any, mode: str) -> None:
     if role is not None and role[0] == "input":
         launch.inputs_written.add(role[1])
     values = fit_value(values, tile.shape)
-    if mode == "acc":
-        values = read(tile, mask is not None).astype(np.float32) + values
+    fresh = _fresh_view(tile)
+    if mode in ("acc", "acc_after_first"):
+        total = read(tile, mask is not None).astype(np.float32) + values
+        if mode == "acc_after_first" and fresh is not None:
+            # nc_matmul(accumulate=None): the first write to a PSUM location overwrites it
+            values = np.where(_load(fresh, tile, mask is not None), values, total)
+        else:
+            values = total
     if dtypes.needs_rounding(tile.dtype) and launch.rounds_low_precision:
         values = dtypes.round_to(values, tile.dtype)
-    view = tile.view
+    _store(tile.view, tile, values, mask)
+    if fresh is not None:
+        _store(fresh, tile, False, mask)
+
+
+def _store(view: np.ndarray, tile: Tile, values: Any, mask: Any) -> None:
+    """Writes `values` to the elements of `view` (laid out like the tile's) the tile names."""
     if mask is None:
         if tile.adv is None:
             np.copyto(view, values, casting="unsafe")
@@ -365,6 +407,9 @@ def operand(value: Any) -> Any:
     return value
 
 
+_COMPILED_MODE = {"acc_after_first": "acc"}
+
+
 def execute(
     fn: Callable[..., Any],
     ins: list[Any],
@@ -388,7 +433,11 @@ def execute(
             Step(
                 fn,
                 [launch.ref(x, masked) if isinstance(x, Tile) else x for x in ins],
-                [(launch.ref(t, mask is not None), mask, mode) for t, mask, mode in outs],
+                # "acc_after_first" is "acc" there: its fresh tiles are filled with zeros
+                [
+                    (launch.ref(t, mask is not None), mask, _COMPILED_MODE.get(mode, mode))
+                    for t, mask, mode in outs
+                ],  # fmt: skip
                 engine,
                 loops=tuple(launch.loop_stack),
             )

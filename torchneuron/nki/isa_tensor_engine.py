@@ -28,10 +28,11 @@ def nc_matmul(
     mask: Any = None,
     **_: Any,
 ) -> None:
-    """dst (PSUM, float32) = stationary.T @ moving; accumulates unless accumulate=False.
+    """dst (PSUM, float32) = stationary.T @ moving: accumulate=False overwrites, True adds to
+    dst, None (NKI's default) overwrites each location at its first write and adds after.
     is_transpose=True is the Tensor engine's transpose mode (moving is an identity matrix, so
     dst is stationary.T, in dst's dtype): the same product, written without accumulating."""
-    accumulate = accumulate is not False and not is_transpose
+    accumulate = False if is_transpose else accumulate
     ops.matmul_into(dst, stationary, moving, accumulate, mask, "nisa.nc_matmul", is_transpose)
 
 

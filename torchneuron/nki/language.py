@@ -71,7 +71,7 @@ def ndarray(
     shape: Any, dtype: Any = float32, *, buffer: Any = None, name: str = "", **_: Any
 ) -> Tile:
     """A new tensor/tile in `buffer` (SBUF by default). Contents are undefined on hardware;
-    the simulator zero-fills."""
+    the interpreter fills it with NaN or 4 (interpreter.uninitialized_value)."""
     return interpreter.current().allocate(shape, dtype, buffer or sbuf)
 
 

@@ -360,14 +360,16 @@ def matmul_into(
     dst: Tile,
     stationary: Tile,
     moving: Tile,
-    accumulate: bool,
+    accumulate: bool | None,
     mask: Any,
     what: str,
     transpose: bool = False,
 ) -> None:
+    """dst = stationary.T @ moving: overwritten (False), accumulated (True), or, for None,
+    overwritten where dst was never written since its allocation and accumulated elsewhere."""
     k, m, n = check_matmul(stationary, moving, what)
     check_psum_dst(dst, (m, n), what, stationary.dtype if transpose else None)
-    mode = "acc" if accumulate else "set"
+    mode = "acc_after_first" if accumulate is None else "acc" if accumulate else "set"
     wide = "float32" in (dtypes.name(stationary.dtype), dtypes.name(moving.dtype))
     interpreter.current().usage.matmul_flops["fp32" if wide else "bf16"] += 2 * k * m * n
     interpreter.execute(matmul_fn, [stationary, moving], [(dst, mask, mode)], "tensor", n + 64)

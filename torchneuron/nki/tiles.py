@@ -63,7 +63,7 @@ class Storage:
     """One allocation. `role` says where its array comes from at run time (for the
     compiled path): ("input", i), ("output", i) or ("scratch", i)."""
 
-    __slots__ = ("array", "buffer", "dtype", "par_axis", "sid", "role", "__weakref__")
+    __slots__ = ("array", "buffer", "dtype", "par_axis", "sid", "role", "fresh", "__weakref__")
 
     def __init__(self, array: np.ndarray, buffer: Buffer, dtype: Any, par_axis: int) -> None:
         self.array = array
@@ -72,6 +72,7 @@ class Storage:
         self.par_axis = par_axis
         self.sid = next(_ids)
         self.role: tuple[str, int] | None = None
+        self.fresh: np.ndarray | None = None  # elements not yet written (PSUM; interpreter)
 
     def bytes_per_partition(self) -> int:
         shape = self.array.shape
