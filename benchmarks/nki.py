@@ -1,5 +1,7 @@
 """NKI sample-style kernels: compiled path vs interpreter vs the same math as PyTorch eager
-on the CPU, at about 1e6 elements.  Run: python -m benchmarks.nki [--repeat N]"""
+on the CPU, at about 1e6 elements, and beside each the engine-level estimate of what one
+NeuronCore of the target chip (NEURON_PLATFORM_TARGET_OVERRIDE, default trn2) would spend
+where (``nki.estimate``).  Run: python -m benchmarks.nki [--repeat N]"""
 
 from __future__ import annotations
 
@@ -105,6 +107,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=9)
     args = parser.parse_args()
     import torchneuron
+    import torchneuron.nki as nki
 
     host = torchneuron._C._kernel_isa()
     threads = torch.get_num_threads()
@@ -116,6 +119,7 @@ def main() -> None:
     print("compiled = default (C++ row programs + numpy/torch.mm); numpy = the numpy program")
     header = ("kernel", "compiled", "numpy", "interp", "eager", "eager-1t", "c/eager", "c/eager-1t")
     print(f"{header[0]:36}" + "".join(f"{h:>11}" for h in header[1:]))
+    estimates = []
     for name, kernel, inputs, eager in _cases():
         compiled = _with_mode("auto", lambda kernel=kernel, inputs=inputs: kernel(*inputs))
         numpy_program = _with_mode("never", lambda kernel=kernel, inputs=inputs: kernel(*inputs))
@@ -134,7 +138,24 @@ def main() -> None:
             + "".join(f"{t * 1e3:11.3f}" for t in ms)
             + f"{best[0] / best[2]:10.2f}x{best[0] / best[3]:10.2f}x"
         )
+        estimates.append((name, nki.estimate(kernel, *inputs), best[0]))
     print(f"load average at end {os.getloadavg()[0]:.2f}")
+    _print_estimates(estimates)
+
+
+def _print_estimates(estimates) -> None:  # noqa: ANN001
+    """Per kernel: the host's compiled time beside the estimate on one NeuronCore, per engine
+    (engines overlapping perfectly, the busiest bounds it)."""
+    engines = ("tensor", "vector", "scalar", "gpsimd", "dma")
+    chip = estimates[0][1].chip if estimates else "?"
+    print(f"\nestimate on one {chip} NeuronCore (us), beside the host's compiled time (ms)")
+    header = ("kernel", "host ms", "chip us", "bound", *engines, "MFLOP", "HBM MiB")
+    print(f"{header[0]:36}" + "".join(f"{h:>9}" for h in header[1:]))
+    for name, cost, host_s in estimates:
+        cells = [f"{host_s * 1e3:9.3f}", f"{cost.estimated_s * 1e6:9.1f}", f"{cost.bound:>9}"]
+        cells += [f"{cost.engine_seconds.get(e, 0.0) * 1e6:9.1f}" for e in engines]
+        cells += [f"{cost.matmul_flops / 1e6:9.1f}", f"{cost.hbm_bytes / 2**20:9.2f}"]
+        print(f"{name:36}" + "".join(cells))
 
 
 if __name__ == "__main__":

@@ -87,3 +87,35 @@ def test_accumulating_onto_psum_never_written_is_undefined() -> None:
     a_t = RNG.standard_normal((128, 128), dtype=np.float32)
     b = RNG.standard_normal((128, 64), dtype=np.float32)
     assert np.isnan(_k_loop(lambda k: True).interpret(a_t, b)).all()
+
+
+def test_legacy_plus_equals_into_fresh_psum_starts_the_accumulation() -> None:
+    """AWS's allocated rmsnorm-qkv kernel accumulates ``res_psum[0] += nisa.nc_matmul(...)``
+    into a PSUM tile from nl.ndarray: the first matmul of each location overwrites it."""
+
+    @nki.jit
+    def matmul(a_t, b):
+        out = nl.ndarray((128, b.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)
+        acc = nl.ndarray((1, nl.par_dim(128), b.shape[1]), dtype=nl.float32, buffer=nl.psum)
+        for k in nl.affine_range(a_t.shape[0] // 128):
+            rows = slice(k * 128, (k + 1) * 128)
+            acc[0] += nisa.nc_matmul(nl.load(a_t[rows, :]), nl.load(b[rows, :]))
+        nl.store(out, value=nl.copy(acc[0]))
+        return out
+
+    a_t = RNG.standard_normal((256, 128), dtype=np.float32)
+    b = RNG.standard_normal((256, 64), dtype=np.float32)
+    interpreted = matmul.interpret(a_t, b)
+    matmul(a_t, b)
+    for got in (interpreted, matmul(a_t, b)):
+        np.testing.assert_allclose(got, a_t.T @ b, rtol=1e-5, atol=1e-4)
+
+    @nki.jit
+    def adds_to_undefined_sbuf(x):
+        out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+        acc = nl.ndarray(x.shape, dtype=nl.float32)  # SBUF: '+=' is an add, nothing starts
+        acc += nl.load(x)
+        nl.store(out, value=acc)
+        return out
+
+    assert np.isnan(adds_to_undefined_sbuf.interpret(b[:128].copy())).all()

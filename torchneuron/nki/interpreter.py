@@ -466,10 +466,14 @@ def assign(target: Tile, value: Any) -> None:
 
 
 def accumulate(target: Tile, value: Any) -> None:
-    """``tile += value``: PSUM accumulation (float32), or an in-place add on SBUF."""
+    """``tile += value``: on PSUM, accumulation as the Tensor engine does it (float32; the
+    first write to a location starts its accumulation group, so it overwrites what was
+    undefined: ``acc = nl.ndarray(..., buffer=nl.psum); acc += nc_matmul(...)``), on SBUF an
+    in-place add."""
     if not target.buffer.on_chip:
         raise NkiError("'+=' on an HBM tensor is not allowed; accumulate in SBUF or PSUM")
-    execute(_identity, [operand(value)], [(target, None, "acc")], "vector", _free_size(target))
+    mode = "acc_after_first" if target.buffer.name == "psum" else "acc"
+    execute(_identity, [operand(value)], [(target, None, mode)], "vector", _free_size(target))
 
 
 def _free_size(tile: Tile) -> int:
