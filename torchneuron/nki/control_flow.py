@@ -140,6 +140,14 @@ def _one_element(src: Any, what: str) -> int:
     return int(value)
 
 
+def scalar_value_of(x: Any, what: str) -> int:
+    """The value of a run-time scalar operand: an int, a device scalar or register, or a 1x1
+    tensor read from the device (which makes the launch data-dependent)."""
+    if isinstance(x, Tile):
+        return _one_element(x, what)
+    return _value(x, what)
+
+
 def register_load(dst: Any, src: Any) -> None:
     _register(dst, "nisa.register_load").value = _wrap32(_one_element(src, "nisa.register_load"))
 

@@ -103,6 +103,7 @@ class Launch:
         self.profile: ChipProfile = current_profile()
         self.occupancy = Occupancy()
         self.data_dependent = False  # control flow read a device value (control_flow.py)
+        self.uses_access_patterns = False  # tensor.ap(), not lowered (access_patterns.py)
         self.usage = Usage()
         self.shared: list[Storage] = []
         self.shared_cursor = 0

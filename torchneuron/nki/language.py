@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from . import dtypes, interpreter, ops
+from .access_patterns import access_pattern
 from .chip_profile import BN_STATS_FMAX, GEMM_MOVING_FMAX, GEMM_STATIONARY_FMAX, PARTITIONS
 from .control_flow import NkiScalar, fori_loop, if_else, while_loop  # noqa: F401
 from .dtypes import (  # noqa: F401  (re-exported NKI names)
@@ -607,6 +608,7 @@ def _install_operators() -> None:
     Tile.__hash__ = object.__hash__  # type: ignore[method-assign]
     # ``tile.broadcast_to(shape)``, the method form public kernels use (RMSNorm tutorial)
     Tile.broadcast_to = lambda self, shape: broadcast_to(self, shape)  # type: ignore[attr-defined]
+    Tile.ap = access_pattern  # type: ignore[attr-defined]
 
 
 _install_operators()

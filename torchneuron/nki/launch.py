@@ -175,9 +175,10 @@ class Kernel:
         outputs = [s.array for s in launch.shared]
         meta = [(s.array.shape, s.dtype) for s in launch.shared]
         spec = _result_spec(result)
-        # A data-dependent launch recorded one control path of several: not kept, so each
-        # call traces the kernel again (control_flow.py).
-        if compiled and not launch.data_dependent:
+        # A data-dependent launch recorded one control path of several, and access patterns
+        # are not lowered: such launches are not kept, so each call traces the kernel again
+        # (control_flow.py, access_patterns.py).
+        if compiled and not launch.data_dependent and not launch.uses_access_patterns:
             program = codegen.build(launch, len(hbm_args), len(outputs))
             bare = codegen.written_before_read(launch, len(outputs))
             self._cache[key] = _Compiled(program, meta, bare, spec, launch.usage)
