@@ -438,7 +438,7 @@ def execute(
                 [
                     (launch.ref(t, mask is not None), mask, _COMPILED_MODE.get(mode, mode))
                     for t, mask, mode in outs
-                ],  # fmt: skip
+                ],
                 engine,
                 loops=tuple(launch.loop_stack),
             )
