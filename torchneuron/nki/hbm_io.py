@@ -160,22 +160,19 @@ class Allocator:
         self.device = device  # None (numpy) or a torch.device
         self.tensors: dict[int, Any] = {}  # id(array) -> tensor owning it
 
-    def __call__(
-        self, shape: tuple[int, ...], dtype: Any, zero: bool = True, fill: Any = None
-    ) -> np.ndarray:
-        """A new tensor: filled with `fill` if given, else zeros if `zero`, else uninitialised."""
+    def __call__(self, shape: tuple[int, ...], dtype: Any, fill: Any = 0) -> np.ndarray:
+        """A new tensor filled with `fill`, or left uninitialised for None."""
         if self.device is None or dtypes.needs_rounding(dtype):
-            if fill is not None:
-                return np.full(shape, fill, dtypes.storage(dtype))
-            return (np.zeros if zero else np.empty)(shape, dtypes.storage(dtype))
+            if fill is None:
+                return np.empty(shape, dtypes.storage(dtype))
+            return np.full(shape, fill, dtypes.storage(dtype))
         torch = _torch()
-        if fill is not None:
-            tensor = torch.full(shape, fill, dtype=torch_dtype(dtype), device=self.device)
+        if fill is None:
+            tensor = torch.empty(shape, dtype=torch_dtype(dtype), device=self.device)
         else:
-            make = torch.zeros if zero else torch.empty
-            tensor = make(shape, dtype=torch_dtype(dtype), device=self.device)
+            tensor = torch.full(shape, fill, dtype=torch_dtype(dtype), device=self.device)
         if self.device.type == "neuron":
-            # zeros() may be launched on the stream: the kernel writes the bytes from this
+            # the fill may be launched on the stream: the kernel writes the bytes from this
             # thread, so the fill must be done first (else it lands over the kernel's stores).
             torch.neuron.synchronize(self.device)
             array = _device_alias(tensor)

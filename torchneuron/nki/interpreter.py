@@ -408,7 +408,8 @@ def operand(value: Any) -> Any:
     return value
 
 
-_COMPILED_MODE = {"acc_after_first": "acc"}
+def _compiled_mode(mode: str) -> str:
+    return "acc" if mode == "acc_after_first" else mode
 
 
 def execute(
@@ -436,7 +437,7 @@ def execute(
                 [launch.ref(x, masked) if isinstance(x, Tile) else x for x in ins],
                 # "acc_after_first" is "acc" there: its fresh tiles are filled with zeros
                 [
-                    (launch.ref(t, mask is not None), mask, _COMPILED_MODE.get(mode, mode))
+                    (launch.ref(t, mask is not None), mask, _compiled_mode(mode))
                     for t, mask, mode in outs
                 ],
                 engine,

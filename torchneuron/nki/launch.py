@@ -154,7 +154,7 @@ class Kernel:
         entry = self._cache.get(key) if compiled else None
         if entry is not None:
             outputs = [
-                allocator(shape, dtype, zero=not bare)
+                allocator(shape, dtype, fill=None if bare else 0)
                 for (shape, dtype), bare in zip(entry.outputs, entry.uninitialized, strict=True)
             ]
             entry.program([a.array for a in hbm_args] + outputs)
