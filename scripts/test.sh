@@ -41,8 +41,22 @@ XDIST=(-n "$WORKERS" --dist worksteal)
 say "pytest (asynchronous launches, the default), $WORKERS workers"
 "$PY" -m pytest tests -q "${XDIST[@]}" "$@"
 
-# The launch modes the default run exercises less: every op inline (NEURON_LAUNCH_BLOCKING=1)
-# and every eligible op on a stream worker, however small (TORCHNEURON_ASYNC_MIN_BYTES=0).
+# The other passes are small: each runs in one pytest process (pytest-xdist's workers would
+# each collect the files again, which costs more CPU than the tests of a kernel pass), and
+# $WORKERS of them run at a time, longest first. Each pass's output is printed when all are done.
+PASS_DIR="$(mktemp -d -t torchneuron-test-passes-XXXXXX)"
+trap 'rm -rf "$TORCHNEURON_TEST_INDUCTOR_CACHE_DIR" "$PASS_DIR"' EXIT
+PASS_TITLES=()
+PASS_COMMANDS=()
+add_pass() { # title, then the command (environment assignments first)
+  PASS_TITLES+=("$1")
+  shift
+  PASS_COMMANDS+=("$(printf '%q ' "$@")")
+}
+
+# The launch modes the default run exercises less: every eligible op on a stream worker,
+# however small (TORCHNEURON_ASYNC_MIN_BYTES=0), and every op inline (NEURON_LAUNCH_BLOCKING=1);
+# less the tests marked launch_mode_independent (configuration read at start-up).
 LAUNCH_MODE_TESTS=(tests/test_ops.py tests/test_ops_views.py tests/test_ops_dtypes.py
   tests/test_ops_autograd_devices.py tests/test_ops_tracking.py tests/test_streams.py
   tests/test_memory.py tests/test_errors.py tests/test_device.py tests/test_profiler.py
@@ -50,10 +64,10 @@ LAUNCH_MODE_TESTS=(tests/test_ops.py tests/test_ops_views.py tests/test_ops_dtyp
   tests/test_async_launch.py tests/test_attention_backward.py tests/test_task_sharing.py
   tests/test_iterator_kernels.py tests/test_native_gather.py tests/test_native_isin.py
   tests/test_inductor_device.py)
-say "pytest, blocking launches (NEURON_LAUNCH_BLOCKING=1), ${#LAUNCH_MODE_TESTS[@]} files"
-NEURON_LAUNCH_BLOCKING=1 "$PY" -m pytest "${LAUNCH_MODE_TESTS[@]}" -q "${XDIST[@]}"
-say "pytest, every eligible op asynchronous (TORCHNEURON_ASYNC_MIN_BYTES=0), ${#LAUNCH_MODE_TESTS[@]} files"
-TORCHNEURON_ASYNC_MIN_BYTES=0 "$PY" -m pytest "${LAUNCH_MODE_TESTS[@]}" -q "${XDIST[@]}"
+for mode in TORCHNEURON_ASYNC_MIN_BYTES=0 NEURON_LAUNCH_BLOCKING=1; do
+  add_pass "pytest, launch mode $mode, ${#LAUNCH_MODE_TESTS[@]} files" \
+    env "$mode" "$PY" -m pytest "${LAUNCH_MODE_TESTS[@]}" -q -m "not launch_mode_independent"
+done
 
 # Our kernels pick their instructions at run time, so the default passes test only the host's
 # best level. The kernel tests run again at every lower level the host can execute
@@ -67,7 +81,32 @@ KERNEL_TESTS=(tests/test_native_gemm.py tests/test_native_rowkernels.py
 HOST_ISA="$("$PY" -c 'import torchneuron; print(torchneuron._C._kernel_isa()["host_isa"])')"
 for level in scalar avx2 avx512 avx512_bf16 amx_bf16; do
   [ "$level" = "$HOST_ISA" ] && break
-  say "pytest, kernel tests at the $level level (host: $HOST_ISA), ${#KERNEL_TESTS[@]} files"
-  TORCHNEURON_KERNEL_ISA=$level "$PY" -m pytest "${KERNEL_TESTS[@]}" -q -m "not host_isa_only" \
-    "${XDIST[@]}"
+  add_pass "pytest, kernel tests at the $level level (host: $HOST_ISA), ${#KERNEL_TESTS[@]} files" \
+    env TORCHNEURON_KERNEL_ISA=$level "$PY" -m pytest "${KERNEL_TESTS[@]}" -q -m "not host_isa_only"
 done
+
+say "pytest, ${#PASS_TITLES[@]} more passes, $WORKERS at a time"
+running=0
+for i in "${!PASS_COMMANDS[@]}"; do
+  if [ "$running" -ge "$WORKERS" ]; then
+    wait -n || true # each pass records its own exit status
+    running=$((running - 1))
+  fi
+  (
+    set +e
+    eval "${PASS_COMMANDS[$i]}" >"$PASS_DIR/$i.log" 2>&1
+    echo $? >"$PASS_DIR/$i.rc"
+  ) &
+  running=$((running + 1))
+done
+wait
+failed=0
+for i in "${!PASS_TITLES[@]}"; do
+  say "${PASS_TITLES[$i]}"
+  cat "$PASS_DIR/$i.log"
+  if [ "$(cat "$PASS_DIR/$i.rc" 2>/dev/null)" != 0 ]; then
+    say "failed: ${PASS_TITLES[$i]}"
+    failed=1
+  fi
+done
+exit "$failed"

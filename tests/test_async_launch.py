@@ -371,6 +371,7 @@ def test_inference_mode_generation_launched_asynchronously_matches_the_cpu() -> 
     assert result.stdout.split() == ["ok"]
 
 
+@pytest.mark.launch_mode_independent
 def test_a_bad_threshold_is_refused_with_its_name() -> None:
     result = run_python(
         "import torch, torchneuron\ntorch.ones(3, device='neuron') + 1",

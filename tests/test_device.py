@@ -71,6 +71,8 @@ SCRIPTS = {
     "snippet": (ISSUE_SNIPPET, {}),
     "autoloaded": (AUTOLOADED, {}),
     "autoload_disabled": (AUTOLOAD_DISABLED, {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}),
+}
+TOPOLOGY_SCRIPTS = {
     "trn1": (TOPOLOGY_PROBE, {"NEURON_PLATFORM_TARGET_OVERRIDE": "trn1", **BIG}),
     "trn2-lnc1": (
         TOPOLOGY_PROBE,
@@ -84,8 +86,14 @@ SCRIPTS = {
 
 @pytest.fixture(scope="module")
 def procs():
-    """Every subprocess of this module, started together so they overlap."""
+    """The autoloading subprocesses, started together so they overlap."""
     return start_all(SCRIPTS)
+
+
+@pytest.fixture(scope="module")
+def topologies():
+    """The topology probes, started together so they overlap."""
+    return start_all(TOPOLOGY_SCRIPTS)
 
 
 def ok(procs, key: str):
@@ -305,12 +313,13 @@ def test_untyped_storage_neuron_round_trip():
 # ---------------------------------------------------------------------------- topology
 
 
+@pytest.mark.launch_mode_independent
 @pytest.mark.parametrize(
     ("key", "chip", "count", "lnc"),
     [("trn1", "trn1", 2, 1), ("trn2-lnc1", "trn2", 8, 1), ("trn3", "trn3", 4, 2)],
 )
-def test_topology_from_environment(procs, key, chip, count, lnc):
-    info = topology(procs, key)
+def test_topology_from_environment(topologies, key, chip, count, lnc):
+    info = topology(topologies, key)
     cores, _, hbm = CHIPS[chip]
     assert info["count"] == count
     assert info["accelerator_count"] == count
@@ -330,16 +339,18 @@ def test_trn2_default_in_process():
     assert [p.hbm_bytes for p in props] == [24 * GiB] * 4
 
 
-def test_visible_cores_selects_devices(procs):
-    info = topology(procs, "visible")
+@pytest.mark.launch_mode_independent
+def test_visible_cores_selects_devices(topologies):
+    info = topology(topologies, "visible")
     assert info["count"] == 3
     # Logical cores 0, 1 and 3 of trn2 (LNC=2) start at physical cores 0, 2 and 6.
     assert info["first_core"] == [0, 2, 6]
     assert info["total_memory"] == [24 * GiB] * 3
 
 
-def test_total_memory_capped_by_host_budget(procs):
-    info = topology(procs, "budget1g")
+@pytest.mark.launch_mode_independent
+def test_total_memory_capped_by_host_budget(topologies):
+    info = topology(topologies, "budget1g")
     assert info["budget"] == GiB
     assert info["total_memory"] == [GiB] * 4
 

@@ -139,13 +139,18 @@ SCRIPTS = {
     "oom": (OOM_SCRIPT, {"TORCHNEURON_HOST_MEMORY_BUDGET": "64MiB"}),
     "fork": (FORK_SCRIPT, {}),
     "spawn": (_spawn_command(), {}),
-    **{key: (BAD_ENV_SCRIPT, env) for key, env in BAD_ENVS.items()},
 }
 
 
 @pytest.fixture(scope="module")
 def procs():
     return start_all(SCRIPTS)
+
+
+@pytest.fixture(scope="module")
+def bad_configurations():
+    """A process per bad configuration, started together so they overlap."""
+    return start_all({key: (BAD_ENV_SCRIPT, env) for key, env in BAD_ENVS.items()})
 
 
 def lines_of(procs, key: str, expected_rc: int = 0) -> dict[str, str]:
@@ -218,6 +223,7 @@ def test_bad_device_index_names_valid_range(action):
 # ---------------------------------------------------------------------------- configuration
 
 
+@pytest.mark.launch_mode_independent
 @pytest.mark.parametrize(
     ("key", "variable", "value"),
     [
@@ -229,8 +235,8 @@ def test_bad_device_index_names_valid_range(action):
         ("lnc2-on-trn1", "NEURON_LOGICAL_NC_CONFIG", "2"),
     ],
 )
-def test_bad_configuration_names_the_variable(procs, key, variable, value):
-    result = procs[key].result()
+def test_bad_configuration_names_the_variable(bad_configurations, key, variable, value):
+    result = bad_configurations[key].result()
     assert result.returncode == 3, describe(result)
     kind, message = result.stdout.split("\n", 1)
     assert kind == "RuntimeError", describe(result)
@@ -238,19 +244,22 @@ def test_bad_configuration_names_the_variable(procs, key, variable, value):
     assert value in message
 
 
-def test_unknown_chip_lists_known_profiles(procs):
-    message = procs["unknown-chip"].result().stdout
+@pytest.mark.launch_mode_independent
+def test_unknown_chip_lists_known_profiles(bad_configurations):
+    message = bad_configurations["unknown-chip"].result().stdout
     for name in ("trn1", "trn2", "trn3"):
         assert name in message
 
 
-def test_out_of_range_cores_states_valid_range(procs):
-    message = procs["out-of-range"].result().stdout
+@pytest.mark.launch_mode_independent
+def test_out_of_range_cores_states_valid_range(bad_configurations):
+    message = bad_configurations["out-of-range"].result().stdout
     assert "0-3" in message or "0 to 3" in message
 
 
-def test_lnc_error_names_the_chip(procs):
-    assert "trn1" in procs["lnc2-on-trn1"].result().stdout
+@pytest.mark.launch_mode_independent
+def test_lnc_error_names_the_chip(bad_configurations):
+    assert "trn1" in bad_configurations["lnc2-on-trn1"].result().stdout
 
 
 # ---------------------------------------------------------------------------- cross-device ops

@@ -199,6 +199,7 @@ def test_compiled_graph_calls_native_gemm() -> None:
 
 
 @pytest.mark.host_isa_only
+@pytest.mark.launch_mode_independent
 def test_off_switch_restores_cpu_kernels() -> None:
     result = run_python(
         """
@@ -230,6 +231,7 @@ def test_kernel_isa_is_the_host_level_capped_by_the_environment() -> None:
 
 
 @pytest.mark.host_isa_only
+@pytest.mark.launch_mode_independent
 def test_an_unknown_isa_cap_is_an_error_naming_the_levels() -> None:
     result = run_python(
         "import torch, torchneuron; x = torch.ones(4, 4, device='neuron'); print(x @ x)",

@@ -129,10 +129,13 @@ CHILD = textwrap.dedent(
 )
 
 
-def _start(cache: Path) -> subprocess.Popen[str]:
+def _start(cache: Path, inductor_beside: bool = False) -> subprocess.Popen[str]:
+    """The child on `cache`; Inductor's kernels beside the entries (the default where the
+    user chose no directory for them) or in the suite's shared directory of them."""
     env = dict(os.environ)
     env["TORCH_NEURONX_NEFF_CACHE_DIR"] = str(cache)
-    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    if inductor_beside:
+        env.pop("TORCHINDUCTOR_CACHE_DIR", None)
     return subprocess.Popen(
         [sys.executable, "-c", CHILD],
         env=env,
@@ -149,17 +152,17 @@ def _finish(proc: subprocess.Popen[str]) -> tuple[dict[str, float], str]:
 
 
 def test_second_process_reuses_entries_and_survives_corruption(tmp_path):
-    cold, _ = _finish(_start(tmp_path))
+    cold, _ = _finish(_start(tmp_path, inductor_beside=True))
     assert (cold["hits"], cold["misses"]) == (0, 2)  # forward and backward graphs
     entries = sorted(tmp_path.glob("??/??/*.neff"))
     assert len(entries) == 2
     assert (tmp_path / "inductor").is_dir()  # Inductor's kernels live beside the entries
 
-    warm, _ = _finish(_start(tmp_path))
+    warm, _ = _finish(_start(tmp_path, inductor_beside=True))
     assert (warm["hits"], warm["misses"]) == (2, 0)
 
     entries[0].write_bytes(entries[0].read_bytes()[:100])  # truncated
-    repaired, err = _finish(_start(tmp_path))
+    repaired, err = _finish(_start(tmp_path, inductor_beside=True))
     assert (repaired["hits"], repaired["misses"], repaired["corrupted"]) == (1, 1, 1)
     assert "is corrupted" in err
     assert len(sorted(tmp_path.glob("??/??/*.neff"))) == 2  # rewritten whole

@@ -250,6 +250,7 @@ def test_memory_events_of_host_kernel_results() -> None:
     assert _row(prof.key_averages(), "aten::add").device_memory_usage == 256 * 1024
 
 
+@pytest.mark.launch_mode_independent
 def test_legacy_profiler_with_a_broken_configuration_reports_it_once() -> None:
     # Device events cannot be recorded; a warning says why, once, and the profiler's closing
     # synchronize raises the runtime's configuration error. That leaves PyTorch's profiler
