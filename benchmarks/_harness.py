@@ -32,36 +32,147 @@ def sync(device: str) -> None:
         torch.neuron.synchronize()
 
 
-def time_block(fn: Op, iterations: int, device: str) -> float:
+def time_block(
+    fn: Op, iterations: int, device: str, clock: Callable[[], float] = time.perf_counter
+) -> float:
     """Seconds per call of ``fn`` over one block of ``iterations`` calls."""
     sync(device)
-    start = time.perf_counter()
+    start = clock()
     for _ in range(iterations):
         fn()
     sync(device)
-    return (time.perf_counter() - start) / iterations
+    return (clock() - start) / iterations
+
+
+# The device's own threads: the stream workers (csrc/runtime/stream.h names them).
+DEVICE_THREAD_NAME = "neuron-stream"
+# Blocks of one label whose slowest is more than this times its fastest disagree: they are
+# measured again, and a label whose blocks still disagree is reported as unstable.
+SPREAD_LIMIT = 1.5
+# A baseline block during which the device's threads ran longer than this share of the
+# block's time (and more than two clock ticks, the resolution of the kernel's count) is
+# discarded and measured again.
+DEVICE_CPU_LIMIT = 0.02
+_TICK = 1.0 / os.sysconf("SC_CLK_TCK")
+
+
+def device_thread_cpu() -> float:
+    """CPU seconds the device's threads in this process have used (user + system)."""
+    total = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().strip() != DEVICE_THREAD_NAME:
+                    continue
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended meanwhile
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+    return total * _TICK
+
+
+class Medians(dict[str, float]):
+    """Median seconds per call by label, and why a label's figure is not to be trusted.
+
+    ``unstable[label]`` is the spread (slowest block / fastest) of a label whose blocks
+    disagreed beyond SPREAD_LIMIT even when measured again; ``disturbed[label]`` the CPU
+    seconds the device's threads ran during a baseline block that stayed disturbed after
+    three tries. A ratio involving either is not a measurement (``ratio_text``).
+    """
+
+    def __init__(self, medians: dict[str, float]) -> None:
+        super().__init__(medians)
+        self.unstable: dict[str, float] = {}
+        self.disturbed: dict[str, float] = {}
+
+    def doubt(self, label: str) -> str | None:
+        """Why `label`'s median is not a measurement, or None."""
+        if label in self.disturbed:
+            return f"{label}: device threads ran {self.disturbed[label]:.2f} s in its block"
+        if label in self.unstable:
+            return f"{label}: blocks {self.unstable[label]:.2f}x apart"
+        return None
+
+    def ratio_text(self, numerator: str, denominator: str, digits: int = 3) -> str:
+        """seconds[numerator] / seconds[denominator], or "unstable" when either is doubtful."""
+        if self.doubt(numerator) or self.doubt(denominator):
+            return "unstable"
+        return f"{self[numerator] / self[denominator]:.{digits}f}"
+
+
+def _baseline_block(
+    fn: Op, iterations: int, label: str, clock: Callable[[], float]
+) -> tuple[float, float]:
+    """(seconds per call, device-thread CPU seconds beyond the limit or 0) of one baseline
+    block, measured again (up to three tries) while the device's threads ran during it."""
+    extra = 0.0
+    for _ in range(3):
+        before = device_thread_cpu()
+        seconds = time_block(fn, iterations, label, clock)
+        ran = device_thread_cpu() - before
+        extra = ran if ran > max(2 * _TICK, DEVICE_CPU_LIMIT * seconds * iterations) else 0.0
+        if not extra:
+            break
+    return seconds, extra
 
 
 def interleaved(
-    fns: dict[str, Op], iterations: int, rounds: int, warmup: int = 1
-) -> dict[str, float]:
-    """Median seconds per call for each device, from alternating blocks after warm-up.
+    fns: dict[str, Op],
+    iterations: int,
+    rounds: int,
+    warmup: int = 1,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Medians:
+    """Median seconds per call for each label, from alternating blocks after warm-up.
 
     The keys of ``fns`` label what each function runs; a label starting with "neuron" is
-    synchronised with the device after each block.
+    synchronised with the device after each block, any other is a baseline, during whose
+    blocks the device's threads must not run (a block where they did is measured again).
+    Labels whose blocks disagree by more than SPREAD_LIMIT are measured for as many rounds
+    again; the result says which labels stayed unstable or disturbed (``Medians``).
     """
     devices = list(fns)
     for _ in range(warmup):
         for device in devices:
             use_threads(device)
-            time_block(fns[device], iterations, device)
-    samples: dict[str, list[float]] = {device: [] for device in devices}
-    for r in range(rounds):
-        order = devices if r % 2 == 0 else devices[::-1]
-        for device in order:
-            use_threads(device)
-            samples[device].append(time_block(fns[device], iterations, device))
-    return {device: statistics.median(values) for device, values in samples.items()}
+            time_block(fns[device], iterations, device, clock)
+
+    def measure() -> tuple[dict[str, list[float]], dict[str, float]]:
+        samples: dict[str, list[float]] = {device: [] for device in devices}
+        disturbed: dict[str, float] = {}
+        for r in range(rounds):
+            order = devices if r % 2 == 0 else devices[::-1]
+            for device in order:
+                use_threads(device)
+                if device.startswith("neuron"):
+                    samples[device].append(time_block(fns[device], iterations, device, clock))
+                    continue
+                seconds, extra = _baseline_block(fns[device], iterations, device, clock)
+                samples[device].append(seconds)
+                if extra:
+                    disturbed[device] = max(extra, disturbed.get(device, 0.0))
+        return samples, disturbed
+
+    def spread(values: list[float]) -> float:
+        return max(values) / max(min(values), 1e-12)
+
+    samples, disturbed = measure()
+    if any(spread(v) > SPREAD_LIMIT for v in samples.values()):
+        again, disturbed_again = measure()
+        for device in devices:
+            samples[device] += again[device]
+        disturbed.update(disturbed_again)
+        wide = {d: spread(again[d]) for d in devices if spread(again[d]) > SPREAD_LIMIT}
+    else:
+        wide = {}
+    result = Medians({device: statistics.median(values) for device, values in samples.items()})
+    result.unstable = wide
+    result.disturbed = disturbed
+    for device in devices:
+        if reason := result.doubt(device):
+            print(f"  warning: not a measurement: {reason}", file=sys.stderr, flush=True)
+    return result
 
 
 def calibrate(fn: Op, device: str, budget: float, most: int = 200) -> int:

@@ -2,6 +2,8 @@
 // NEURON_LAUNCH_BLOCKING=1), and the nrt_stream_* calls.
 #include "stream.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <chrono>
 #include <string>
@@ -71,6 +73,9 @@ void Stream::run_task(Task& task) {
 
 void Stream::worker_loop() {
   const TaskBoard::WorkerThread worker;
+  // A name that `top -H`, `perf` and /proc/<pid>/task/*/comm show, so a benchmark can check
+  // that no worker runs while its CPU baseline does (benchmarks/_harness.py).
+  pthread_setname_np(pthread_self(), kWorkerThreadName);
   for (;;) {
     // A launching thread usually sends the next task within microseconds: look for it
     // briefly before sleeping, which would cost a wake-up (two system calls) per task.

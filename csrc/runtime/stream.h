@@ -20,6 +20,9 @@
 
 namespace nrt {
 
+// The name of every stream's worker thread (at most 15 characters: the kernel's limit).
+inline constexpr char kWorkerThreadName[] = "neuron-stream";
+
 class Stream {
  public:
   explicit Stream(int priority);
