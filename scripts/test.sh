@@ -24,7 +24,7 @@ command -v ccache >/dev/null 2>&1 && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=cca
 "$ROOT/.venv/bin/ctest" --test-dir build/cpp-tests --output-on-failure -j2 | tail -n 3
 
 say "lint (ruff, clang-format)"
-"$ROOT/.venv/bin/ruff" check torchneuron compat tests benchmarks examples demo devtools
+"$ROOT/.venv/bin/ruff" check torchneuron compat tests benchmarks examples demo devtools cmake
 find csrc tests/cpp -name '*.cpp' -o -name '*.h' | xargs "$ROOT/.venv/bin/clang-format" --dry-run -Werror
 
 # Every pytest pass runs its tests on pytest-xdist workers, one per core (at most 4): much of

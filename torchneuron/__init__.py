@@ -12,6 +12,19 @@ __version__ = "0.1.0"
 _registered = False
 
 
+def check_torch_release(running: str, built_for: str) -> None:
+    """Refuses to load the C++ backend into a torch release other than the one it was compiled
+    against (a C++ extension built for another one fails with undefined symbols, or worse).
+    `running` is ``torch.__version__``; local build tags (+cpu, +cu130) do not matter."""
+    release = running.split("+")[0]
+    if release != built_for:
+        raise ImportError(
+            f"torchneuron was built for torch {built_for} and cannot load into torch {running}: "
+            "rebuild it in this environment (pip install --no-build-isolation --no-deps . from "
+            "its source, or ./scripts/bootstrap.sh in its repository)"
+        )
+
+
 def _register() -> None:
     global _registered
     if _registered:
@@ -22,6 +35,9 @@ def _register() -> None:
 
     if _registered:
         return
+    from ._torch_release import BUILT_FOR  # written by the build (CMakeLists.txt)
+
+    check_torch_release(torch.__version__, BUILT_FOR)
     from . import _C  # noqa: F401  (loads the C++ backend: hooks, guard, allocator, kernels)
     from . import device as device_module
 
