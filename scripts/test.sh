@@ -27,10 +27,10 @@ say "lint (ruff, clang-format)"
 "$ROOT/.venv/bin/ruff" check torchneuron compat tests benchmarks examples demo devtools cmake
 find csrc tests/cpp -name '*.cpp' -o -name '*.h' | xargs "$ROOT/.venv/bin/clang-format" --dry-run -Werror
 
-# Every pytest pass runs its tests on pytest-xdist workers, one per core (at most 4): much of
-# the suite is single-threaded (Dynamo and Inductor compiling) or waits on subprocesses.
+# The main pytest pass runs its tests on pytest-xdist workers, one per core (at most 4): much
+# of the suite is single-threaded (Dynamo and Inductor compiling) or waits on subprocesses.
 # Each worker is a process of its own with its own device runtime and compile cache
-# (tests/conftest.py).
+# (tests/conftest.py). The smaller passes after it run as many pytest processes at once.
 WORKERS=$(($(nproc) < 4 ? $(nproc) : 4))
 # One directory of Inductor's compiled C++ kernels for every pass (tests/conftest.py): they are
 # named by a hash of their source, so a kernel compiled once is not compiled again.
