@@ -32,11 +32,11 @@ class Calibration:
     """Fitted on part of AWS's published figures (published.py: CALIBRATION_MODELS); the
     defaults are the fit's result, rounded to three digits."""
 
-    matmul_efficiency: float = 0.375  # of TensorE peak, on full 128x128 tiles
-    link_efficiency: float = 0.215  # of NeuronLink / EFA bandwidth a collective reaches
-    hbm_efficiency: float = 0.964  # of HBM bandwidth a decode step's reads reach
-    layer_overhead_s: float = 192e-6  # per layer and pass: instruction issue, synchronisation
-    collective_overhead_s: float = 10.7e-6  # per collective beyond its hops
+    matmul_efficiency: float = 0.359  # of TensorE peak, on full 128x128 tiles
+    link_efficiency: float = 0.247  # of NeuronLink / EFA bandwidth a collective reaches
+    hbm_efficiency: float = 0.821  # of HBM bandwidth a decode step's reads reach
+    layer_overhead_s: float = 173e-6  # per layer and pass: instruction issue, synchronisation
+    collective_overhead_s: float = 4.41e-6  # per collective beyond its hops
 
 
 CALIBRATION = Calibration()
@@ -235,13 +235,18 @@ def training_step(
     forward, attention = _layer_forward(shape, inst, b, s, s, tp, layout.sequence_parallel, cal)
     comms = _tp_collectives(shape, inst, b * s, tp, element, cal)
     layer = forward.scaled(3.0)  # forward, and a backward of twice its work
-    layer.add("tp collectives", 2 * comms)
+    # The forward's collectives sit between dependent matmuls: exposed. In the backward each
+    # linear layer's input gradient and weight gradient are independent matmuls, so the
+    # collective on the input gradient runs while the weight gradient (as much Tensor-engine
+    # work as the forward's projections) is computed; only what outlasts it is exposed.
+    layer.add("tp collectives", comms + max(0.0, comms - forward.parts["matmul"]))
     if layout.checkpointing == "full":
         layer = layer.merged(forward)
         layer.add("tp collectives", comms)
     elif layout.checkpointing == "selective":
         layer.add("attention", attention)
-    stage = layer.scaled(math.ceil(shape.layers / pp))
+    layers_per_stage = math.ceil(shape.layers / pp)
+    stage = layer.scaled(layers_per_stage)
     peak = inst.matmul_bf16_flops * cal.matmul_efficiency
     stage.add("matmul", 3 * shape.head_flops(b * s, tp) / peak)  # on the last stage
     if pp > 1:  # activations to the next stage and gradients back, per microbatch
@@ -252,7 +257,13 @@ def training_step(
     params_per_rank = shape.parameters() / (tp * pp)
     grad_bytes = params_per_rank * (2 if layout.precision == "bf16" else 4)
     if dp > 1:
-        step.add("dp collectives", data_parallel_seconds(grad_bytes, layout, cal))
+        # The last microbatch's backward and the gradient reduction are one graph: each
+        # layer's gradients are reduced as soon as they are final, behind the backward of the
+        # layers before it; the last layer's (one bucket of 1 / layers_per_stage) cannot be.
+        sync = data_parallel_seconds(grad_bytes, layout, cal)
+        last_backward = 2 / 3 * (stage.total - stage.parts.get("pp transfers", 0.0))
+        exposed = max(sync - last_backward, sync / layers_per_stage)
+        step.add("dp collectives", exposed)
     # AdamW/LAMB: read parameter, gradient and two moments, write parameter and moments (fp32
     # master copies under "mixed" and "fp32", plus the bf16 copy under "mixed").
     state_bytes = {"bf16": 2 * 7, "mixed": 4 * 7 + 2, "fp32": 4 * 7}[layout.precision]
@@ -273,6 +284,22 @@ class InferenceEstimate:
         return self.batch * self.output_len / (self.ttft + (self.output_len - 1) * self.tpot)
 
 
+def mean_attended_length(input_len: int, output_len: int) -> float:
+    """The KV-cache length a decode step attends to, averaged over the output: each step runs
+    the graph of its token-generation bucket, the smallest power of two from 128 at or above
+    its position, the last bucket being the sequence length
+    (archive/transformers-neuronx/transformers-neuronx-developer-guide.rst:1075-1091), so it
+    reads the bucket's KV cache, not only the positions filled."""
+    total_len = input_len + output_len
+    attended, position = 0.0, input_len
+    while position < total_len:
+        bucket = min(total_len, max(128, 1 << math.ceil(math.log2(position + 1))))
+        end = min(bucket, total_len)
+        attended += (end - position) * bucket
+        position = end
+    return attended / output_len
+
+
 def inference(
     shape: Shape, request: InferenceRequest, cal: Calibration = CALIBRATION
 ) -> InferenceEstimate:
@@ -284,9 +311,8 @@ def inference(
     head_seconds = weight_read / (inst.hbm_bytes_per_s * cal.hbm_efficiency)
     ttft = shape.layers * prefill_layer + head_seconds
 
-    context = request.input_len + request.output_len / 2
-    per_layer_weights = (shape.parameters() - 2 * shape.vocab * shape.hidden) / shape.layers
-    weights = per_layer_weights / tp * request.weight_bytes
+    context = mean_attended_length(request.input_len, request.output_len)
+    weights = shape.layer_weights_per_rank(tp) * request.weight_bytes
     kv = b * context * 2 * shape.kv_heads_per_rank(tp) * shape.head_dim * 2
     memory = (weights + kv) / (inst.hbm_bytes_per_s * cal.hbm_efficiency)
     decode, _ = _layer_forward(shape, inst, b, 1, int(context), tp, False, cal)
