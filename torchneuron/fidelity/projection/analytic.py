@@ -5,13 +5,15 @@ Each layer's forward costs its projections on the Tensor engine (at the efficien
 128-row tiles), attention (QK^T and AV on the Tensor engine, exp on the Scalar engine, max
 and sum on the Vector engine), its elementwise work on the Vector engine, a fixed overhead,
 and tensor parallelism's collectives (rings over NeuronLink: bandwidth term and a fixed cost
-per collective). Backward is twice the forward's compute; activation checkpointing adds the
-forward again (full) or attention again (selective). Pipeline parallelism runs microbatches
-through stages with the 1F1B bubble (S - 1 extra microbatch slots); data parallelism adds the
-gradient reduce-scatter and parameter all-gather (ZeRO-1) or all-reduce once per step, over
-NeuronLink inside an instance and EFA across; the optimizer step reads and writes its state
-at HBM bandwidth. Decode is the larger of its matmul time and the time to read the weights
-and KV cache from HBM.
+per collective). Backward is twice the forward's compute, its TP collectives overlapped with
+the weight-gradient matmuls; activation checkpointing adds the forward again (full) or
+attention again (selective). Pipeline parallelism runs microbatches through stages with the
+1F1B bubble (S - 1 extra microbatch slots); data parallelism adds the gradient reduce-scatter
+and parameter all-gather (ZeRO-1) or all-reduce once per step, over NeuronLink inside an
+instance and EFA across, behind the last microbatch's backward where the step is one graph;
+the optimizer step reads and writes its state at HBM bandwidth. Decode is the larger of its
+matmul time and the time to read the weights and the KV cache of its token-generation bucket
+from HBM.
 
 Five constants are calibrated against AWS's published figures (`CALIBRATION`, fitted by
 ``python -m torchneuron.fidelity.projection.published --calibrate``); every other figure is
@@ -32,11 +34,11 @@ class Calibration:
     """Fitted on part of AWS's published figures (published.py: CALIBRATION_MODELS); the
     defaults are the fit's result, rounded to three digits."""
 
-    matmul_efficiency: float = 0.359  # of TensorE peak, on full 128x128 tiles
-    link_efficiency: float = 0.247  # of NeuronLink / EFA bandwidth a collective reaches
-    hbm_efficiency: float = 0.821  # of HBM bandwidth a decode step's reads reach
-    layer_overhead_s: float = 173e-6  # per layer and pass: instruction issue, synchronisation
-    collective_overhead_s: float = 4.41e-6  # per collective beyond its hops
+    matmul_efficiency: float = 0.355  # of TensorE peak, on full 128x128 tiles
+    link_efficiency: float = 0.248  # of NeuronLink / EFA bandwidth a collective reaches
+    hbm_efficiency: float = 0.647  # of HBM bandwidth a decode step's reads reach
+    layer_overhead_s: float = 121e-6  # per layer and pass: instruction issue, synchronisation
+    collective_overhead_s: float = 4.12e-6  # per collective beyond its hops
 
 
 CALIBRATION = Calibration()
@@ -257,13 +259,18 @@ def training_step(
     params_per_rank = shape.parameters() / (tp * pp)
     grad_bytes = params_per_rank * (2 if layout.precision == "bf16" else 4)
     if dp > 1:
-        # The last microbatch's backward and the gradient reduction are one graph: each
-        # layer's gradients are reduced as soon as they are final, behind the backward of the
-        # layers before it; the last layer's (one bucket of 1 / layers_per_stage) cannot be.
         sync = data_parallel_seconds(grad_bytes, layout, cal)
-        last_backward = 2 / 3 * (stage.total - stage.parts.get("pp transfers", 0.0))
-        exposed = max(sync - last_backward, sync / layers_per_stage)
-        step.add("dp collectives", exposed)
+        if tp * pp > 1:
+            # Model-parallel runs (NxD, NeMo) trace the step as one graph, so the last
+            # microbatch's backward and the gradient reduction are scheduled together: each
+            # layer's gradients are reduced once final, behind the backward of the layers
+            # before it; the last layer's (one bucket of 1 / layers_per_stage) cannot be.
+            last_backward = 2 / 3 * (stage.total - stage.parts.get("pp transfers", 0.0))
+            sync = max(sync - last_backward, sync / layers_per_stage)
+        # Pure data parallelism is the BERT example, whose loader marks a step per microbatch
+        # and whose "Allreduce occurs before optimizer step, after gradient accumulations"
+        # (frameworks/torch/torch-neuronx/tutorials/training/bert.rst:20,120): all exposed.
+        step.add("dp collectives", sync)
     # AdamW/LAMB: read parameter, gradient and two moments, write parameter and moments (fp32
     # master copies under "mixed" and "fp32", plus the bf16 copy under "mixed").
     state_bytes = {"bf16": 2 * 7, "mixed": 4 * 7 + 2, "fp32": 4 * 7}[layout.precision]

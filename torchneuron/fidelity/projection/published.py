@@ -9,7 +9,8 @@ are the same); ``--calibrate`` fits the five constants of ``analytic.Calibration
 calibration rows and prints them.
 
 The calibration rows are those of the models in ``CALIBRATION_MODELS``; every other row is
-held out, so a model's figures are either all fitted or all predicted.
+held out, so a model's figures are either all fitted or all predicted. The fit leaves out the
+fp32 training rows (``Row.modelled``), whose cost the model has no mechanism for.
 """
 
 from __future__ import annotations
