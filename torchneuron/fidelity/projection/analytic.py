@@ -3,7 +3,8 @@ or Inferentia2 instance, from its shape and layout, in closed form.
 
 Each layer's forward costs its projections on the Tensor engine (at the efficiency of their
 128-row tiles), attention (QK^T and AV on the Tensor engine, exp on the Scalar engine, max
-and sum on the Vector engine), its elementwise work on the Vector engine, a fixed overhead,
+and sum on the Vector engine; without a flash kernel every score, spilled through HBM when
+the scores outgrow the SBUF), its elementwise work on the Vector engine, a fixed overhead,
 and tensor parallelism's collectives (rings over NeuronLink: bandwidth term and a fixed cost
 per collective). Backward is twice the forward's compute, its TP collectives overlapped with
 the weight-gradient matmuls; activation checkpointing adds the forward again (full) or
@@ -35,10 +36,10 @@ class Calibration:
     defaults are the fit's result, rounded to three digits."""
 
     matmul_efficiency: float = 0.355  # of TensorE peak, on full 128x128 tiles
-    link_efficiency: float = 0.248  # of NeuronLink / EFA bandwidth a collective reaches
-    hbm_efficiency: float = 0.647  # of HBM bandwidth a decode step's reads reach
-    layer_overhead_s: float = 121e-6  # per layer and pass: instruction issue, synchronisation
-    collective_overhead_s: float = 4.12e-6  # per collective beyond its hops
+    link_efficiency: float = 0.283  # of NeuronLink / EFA bandwidth a collective reaches
+    hbm_efficiency: float = 0.603  # of HBM bandwidth a decode step's reads reach
+    layer_overhead_s: float = 123e-6  # per layer and pass: instruction issue, synchronisation
+    collective_overhead_s: float = 0.183e-6  # per collective beyond its hops
 
 
 CALIBRATION = Calibration()
@@ -60,6 +61,7 @@ class TrainingLayout:
     zero1: bool = False
     checkpointing: str = "none"  # "none", "selective" or "full"
     precision: str = "bf16"  # "bf16" (bf16 weights), "mixed" (bf16 compute, fp32 master), "fp32"
+    flash_attention: bool = True  # False: scores materialised (see _layer_forward)
 
     def __post_init__(self) -> None:
         for name in ("nodes", "seq", "micro_batch", "global_batch", "tp", "pp", "dp"):
@@ -97,6 +99,7 @@ class InferenceRequest:
     input_len: int
     output_len: int
     weight_bytes: int = 2  # bf16; 1 for int8 weights
+    flash_attention: bool = True  # False: the prefill's scores are materialised
 
     def __post_init__(self) -> None:
         for name in ("tp", "batch", "input_len", "output_len"):
@@ -192,21 +195,31 @@ def _layer_forward(
     tp: int,
     sequence_parallel: bool,
     cal: Calibration,
+    flash: bool = True,
 ) -> tuple[Breakdown, float]:
     """(compute by kind, attention's share) of one layer's forward on one TP rank. Matmuls
     run at the BF16 rate whatever the model's dtype: "By default, the Neuron Compiler will
     automatically cast FP32 matrix multiplication operations to BF16" (AWS, "Mixed Precision
-    and Performance-accuracy Tuning (neuronx-cc)")."""
+    and Performance-accuracy Tuning (neuronx-cc)").
+
+    Without a flash kernel (`flash` False) attention materialises its scores: every score is
+    computed and masked, and when the layer's FP32 scores (TensorE writes FP32,
+    nki/guides/architecture/trainium_inferentia2_arch.rst:103-105) outgrow the SBUF they pass
+    through HBM: the scores written and read back for the softmax, the BF16 probabilities
+    written and read back for AV (12 bytes a score), at the HBM efficiency of decode's reads.
+    The softmax then runs at the slower of its engines and that traffic (DMA runs beside the
+    engines, same file :589-590)."""
     peak = inst.matmul_bf16_flops * cal.matmul_efficiency
     tokens = batch * queries
     tiles = tile_efficiency(shape.hidden, shape.hidden // tp, shape.ffn // tp)
     out = Breakdown()
     out.add("matmul", shape.layer_matmul_flops(tokens, tp) / (peak * tiles))
-    attention = shape.layer_attention_flops(batch, queries, keys, tp) / (
-        peak * tile_efficiency(shape.head_dim)
-    )
-    scores = shape.layer_attention_flops(batch, queries, keys, tp) / (4 * shape.head_dim)
+    flops = shape.layer_attention_flops(batch, queries, keys, tp, flash)
+    attention = flops / (peak * tile_efficiency(shape.head_dim))
+    scores = flops / (4 * shape.head_dim)
     softmax = scores / inst.scalar_elements_per_s + 2 * scores / inst.vector_elements_per_s
+    if not flash and scores * 4 > inst.sbuf_bytes:
+        softmax = max(softmax, scores * 12 / (inst.hbm_bytes_per_s * cal.hbm_efficiency))
     out.add("attention", attention + softmax)
     out.add(
         "vector",
@@ -234,7 +247,9 @@ def training_step(
     fp32 = layout.precision == "fp32"
     element = 4 if fp32 else 2
     b, s = layout.micro_batch, layout.seq
-    forward, attention = _layer_forward(shape, inst, b, s, s, tp, layout.sequence_parallel, cal)
+    forward, attention = _layer_forward(
+        shape, inst, b, s, s, tp, layout.sequence_parallel, cal, layout.flash_attention
+    )
     comms = _tp_collectives(shape, inst, b * s, tp, element, cal)
     layer = forward.scaled(3.0)  # forward, and a backward of twice its work
     # The forward's collectives sit between dependent matmuls: exposed. In the backward each
@@ -312,7 +327,10 @@ def inference(
 ) -> InferenceEstimate:
     """Prefill of the prompt, then decode steps at the mean context length."""
     inst, tp, b = request.instance, request.tp, request.batch
-    prefill, _ = _layer_forward(shape, inst, b, request.input_len, request.input_len, tp, True, cal)
+    prefill, _ = _layer_forward(
+        shape, inst, b, request.input_len, request.input_len, tp, True, cal,
+        request.flash_attention,
+    )  # fmt: skip
     prefill_layer = prefill.total + _tp_collectives(shape, inst, b * request.input_len, tp, 2, cal)
     weight_read = shape.head_flops(1, tp) / 2 * request.weight_bytes
     head_seconds = weight_read / (inst.hbm_bytes_per_s * cal.hbm_efficiency)

@@ -62,10 +62,13 @@ class Shape:
         """Forward FLOPs of one layer's projections for `tokens` tokens on one TP rank."""
         return 2.0 * tokens * self.layer_weights_per_rank(tp)
 
-    def layer_attention_flops(self, batch: int, queries: int, keys: int, tp: int) -> float:
-        """Forward FLOPs of QK^T and AV on one TP rank; a causal kernel skips masked blocks."""
+    def layer_attention_flops(
+        self, batch: int, queries: int, keys: int, tp: int, flash: bool = True
+    ) -> float:
+        """Forward FLOPs of QK^T and AV on one TP rank; a causal flash kernel skips masked
+        blocks, materialised attention computes every score and masks it."""
         pairs = queries * keys
-        if self.causal and queries == keys:
+        if self.causal and queries == keys and flash:
             pairs = queries * (keys + 1) / 2
         return 2.0 * 2.0 * batch * pairs * self.heads_per_rank(tp) * self.head_dim
 
