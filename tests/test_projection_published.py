@@ -58,7 +58,7 @@ def test_decode_of_a_memory_bound_model_is_its_weights_over_hbm_bandwidth() -> N
     """Llama-2-70B at batch 1 on 32 trn1 cores: each decode step reads every layer's weights;
     with the fixed costs zeroed and full bandwidths, TPOT is that, the LM head's weights, and
     each layer's four collective phases of one hop (Mesh: messages under 1 MB), within the
-    KV cache's reads and the collectives' 16 KiB."""
+    KV cache's reads (the 128-token bucket) and the collectives' 16 KiB."""
     shape = find_shape("Llama-2-70b")
     inst = find_instance("trn1.32xlarge")
     bare = dataclasses.replace(
@@ -69,8 +69,8 @@ def test_decode_of_a_memory_bound_model_is_its_weights_over_hbm_bandwidth() -> N
         collective_overhead_s=0.0,
     )
     estimate = inference(shape, InferenceRequest(inst, 32, 1, 16, 2), bare)
-    layer_weights = (shape.parameters() - 2 * shape.vocab * shape.hidden) / shape.layers
-    closed_form = shape.layers * (layer_weights / 32 * 2 / inst.hbm_bytes_per_s)
+    layer_weights = shape.layer_weights_per_rank(32)  # 8 KV heads replicated to one per rank
+    closed_form = shape.layers * (layer_weights * 2 / inst.hbm_bytes_per_s)
     closed_form += shape.vocab * shape.hidden / 32 * 2 / inst.hbm_bytes_per_s
     closed_form += shape.layers * 4 * inst.hop_latency_s
     assert closed_form <= estimate.tpot <= closed_form * 1.01

@@ -3,15 +3,18 @@ or Inferentia2 instance, from its shape and layout, in closed form.
 
 Each layer's forward costs its projections on the Tensor engine (at the efficiency of their
 128-row tiles), attention (QK^T and AV on the Tensor engine, exp on the Scalar engine, max
-and sum on the Vector engine), its elementwise work on the Vector engine, a fixed overhead,
+and sum on the Vector engine; without a flash kernel every score, spilled through HBM when
+the scores outgrow the SBUF), its elementwise work on the Vector engine, a fixed overhead,
 and tensor parallelism's collectives (rings over NeuronLink: bandwidth term and a fixed cost
-per collective). Backward is twice the forward's compute; activation checkpointing adds the
-forward again (full) or attention again (selective). Pipeline parallelism runs microbatches
-through stages with the 1F1B bubble (S - 1 extra microbatch slots); data parallelism adds the
-gradient reduce-scatter and parameter all-gather (ZeRO-1) or all-reduce once per step, over
-NeuronLink inside an instance and EFA across; the optimizer step reads and writes its state
-at HBM bandwidth. Decode is the larger of its matmul time and the time to read the weights
-and KV cache from HBM.
+per collective). Backward is twice the forward's compute, its TP collectives overlapped with
+the weight-gradient matmuls; activation checkpointing adds the forward again (full) or
+attention again (selective). Pipeline parallelism runs microbatches through stages with the
+1F1B bubble (S - 1 extra microbatch slots); data parallelism adds the gradient reduce-scatter
+and parameter all-gather (ZeRO-1) or all-reduce once per step, over NeuronLink inside an
+instance and EFA across, behind the last microbatch's backward where the step is one graph;
+the optimizer step reads and writes its state at HBM bandwidth. Decode is the larger of its
+matmul time and the time to read the weights and the KV cache of its token-generation bucket
+from HBM.
 
 Five constants are calibrated against AWS's published figures (`CALIBRATION`, fitted by
 ``python -m torchneuron.fidelity.projection.published --calibrate``); every other figure is
@@ -32,11 +35,11 @@ class Calibration:
     """Fitted on part of AWS's published figures (published.py: CALIBRATION_MODELS); the
     defaults are the fit's result, rounded to three digits."""
 
-    matmul_efficiency: float = 0.375  # of TensorE peak, on full 128x128 tiles
-    link_efficiency: float = 0.215  # of NeuronLink / EFA bandwidth a collective reaches
-    hbm_efficiency: float = 0.964  # of HBM bandwidth a decode step's reads reach
-    layer_overhead_s: float = 192e-6  # per layer and pass: instruction issue, synchronisation
-    collective_overhead_s: float = 10.7e-6  # per collective beyond its hops
+    matmul_efficiency: float = 0.355  # of TensorE peak, on full 128x128 tiles
+    link_efficiency: float = 0.283  # of NeuronLink / EFA bandwidth a collective reaches
+    hbm_efficiency: float = 0.603  # of HBM bandwidth a decode step's reads reach
+    layer_overhead_s: float = 123e-6  # per layer and pass: instruction issue, synchronisation
+    collective_overhead_s: float = 0.183e-6  # per collective beyond its hops
 
 
 CALIBRATION = Calibration()
@@ -58,6 +61,7 @@ class TrainingLayout:
     zero1: bool = False
     checkpointing: str = "none"  # "none", "selective" or "full"
     precision: str = "bf16"  # "bf16" (bf16 weights), "mixed" (bf16 compute, fp32 master), "fp32"
+    flash_attention: bool = True  # False: scores materialised (see _layer_forward)
 
     def __post_init__(self) -> None:
         for name in ("nodes", "seq", "micro_batch", "global_batch", "tp", "pp", "dp"):
@@ -95,6 +99,7 @@ class InferenceRequest:
     input_len: int
     output_len: int
     weight_bytes: int = 2  # bf16; 1 for int8 weights
+    flash_attention: bool = True  # False: the prefill's scores are materialised
 
     def __post_init__(self) -> None:
         for name in ("tp", "batch", "input_len", "output_len"):
@@ -190,21 +195,31 @@ def _layer_forward(
     tp: int,
     sequence_parallel: bool,
     cal: Calibration,
+    flash: bool = True,
 ) -> tuple[Breakdown, float]:
     """(compute by kind, attention's share) of one layer's forward on one TP rank. Matmuls
     run at the BF16 rate whatever the model's dtype: "By default, the Neuron Compiler will
     automatically cast FP32 matrix multiplication operations to BF16" (AWS, "Mixed Precision
-    and Performance-accuracy Tuning (neuronx-cc)")."""
+    and Performance-accuracy Tuning (neuronx-cc)").
+
+    Without a flash kernel (`flash` False) attention materialises its scores: every score is
+    computed and masked, and when the layer's FP32 scores (TensorE writes FP32,
+    nki/guides/architecture/trainium_inferentia2_arch.rst:103-105) outgrow the SBUF they pass
+    through HBM: the scores written and read back for the softmax, the BF16 probabilities
+    written and read back for AV (12 bytes a score), at the HBM efficiency of decode's reads.
+    The softmax then runs at the slower of its engines and that traffic (DMA runs beside the
+    engines, same file :589-590)."""
     peak = inst.matmul_bf16_flops * cal.matmul_efficiency
     tokens = batch * queries
     tiles = tile_efficiency(shape.hidden, shape.hidden // tp, shape.ffn // tp)
     out = Breakdown()
     out.add("matmul", shape.layer_matmul_flops(tokens, tp) / (peak * tiles))
-    attention = shape.layer_attention_flops(batch, queries, keys, tp) / (
-        peak * tile_efficiency(shape.head_dim)
-    )
-    scores = shape.layer_attention_flops(batch, queries, keys, tp) / (4 * shape.head_dim)
+    flops = shape.layer_attention_flops(batch, queries, keys, tp, flash)
+    attention = flops / (peak * tile_efficiency(shape.head_dim))
+    scores = flops / (4 * shape.head_dim)
     softmax = scores / inst.scalar_elements_per_s + 2 * scores / inst.vector_elements_per_s
+    if not flash and scores * 4 > inst.sbuf_bytes:
+        softmax = max(softmax, scores * 12 / (inst.hbm_bytes_per_s * cal.hbm_efficiency))
     out.add("attention", attention + softmax)
     out.add(
         "vector",
@@ -232,16 +247,23 @@ def training_step(
     fp32 = layout.precision == "fp32"
     element = 4 if fp32 else 2
     b, s = layout.micro_batch, layout.seq
-    forward, attention = _layer_forward(shape, inst, b, s, s, tp, layout.sequence_parallel, cal)
+    forward, attention = _layer_forward(
+        shape, inst, b, s, s, tp, layout.sequence_parallel, cal, layout.flash_attention
+    )
     comms = _tp_collectives(shape, inst, b * s, tp, element, cal)
     layer = forward.scaled(3.0)  # forward, and a backward of twice its work
-    layer.add("tp collectives", 2 * comms)
+    # The forward's collectives sit between dependent matmuls: exposed. In the backward each
+    # linear layer's input gradient and weight gradient are independent matmuls, so the
+    # collective on the input gradient runs while the weight gradient (as much Tensor-engine
+    # work as the forward's projections) is computed; only what outlasts it is exposed.
+    layer.add("tp collectives", comms + max(0.0, comms - forward.parts["matmul"]))
     if layout.checkpointing == "full":
         layer = layer.merged(forward)
         layer.add("tp collectives", comms)
     elif layout.checkpointing == "selective":
         layer.add("attention", attention)
-    stage = layer.scaled(math.ceil(shape.layers / pp))
+    layers_per_stage = math.ceil(shape.layers / pp)
+    stage = layer.scaled(layers_per_stage)
     peak = inst.matmul_bf16_flops * cal.matmul_efficiency
     stage.add("matmul", 3 * shape.head_flops(b * s, tp) / peak)  # on the last stage
     if pp > 1:  # activations to the next stage and gradients back, per microbatch
@@ -252,7 +274,18 @@ def training_step(
     params_per_rank = shape.parameters() / (tp * pp)
     grad_bytes = params_per_rank * (2 if layout.precision == "bf16" else 4)
     if dp > 1:
-        step.add("dp collectives", data_parallel_seconds(grad_bytes, layout, cal))
+        sync = data_parallel_seconds(grad_bytes, layout, cal)
+        if tp * pp > 1:
+            # Model-parallel runs (NxD, NeMo) trace the step as one graph, so the last
+            # microbatch's backward and the gradient reduction are scheduled together: each
+            # layer's gradients are reduced once final, behind the backward of the layers
+            # before it; the last layer's (one bucket of 1 / layers_per_stage) cannot be.
+            last_backward = 2 / 3 * (stage.total - stage.parts.get("pp transfers", 0.0))
+            sync = max(sync - last_backward, sync / layers_per_stage)
+        # Pure data parallelism is the BERT example, whose loader marks a step per microbatch
+        # and whose "Allreduce occurs before optimizer step, after gradient accumulations"
+        # (frameworks/torch/torch-neuronx/tutorials/training/bert.rst:20,120): all exposed.
+        step.add("dp collectives", sync)
     # AdamW/LAMB: read parameter, gradient and two moments, write parameter and moments (fp32
     # master copies under "mixed" and "fp32", plus the bf16 copy under "mixed").
     state_bytes = {"bf16": 2 * 7, "mixed": 4 * 7 + 2, "fp32": 4 * 7}[layout.precision]
@@ -273,20 +306,38 @@ class InferenceEstimate:
         return self.batch * self.output_len / (self.ttft + (self.output_len - 1) * self.tpot)
 
 
+def mean_attended_length(input_len: int, output_len: int) -> float:
+    """The KV-cache length a decode step attends to, averaged over the output: each step runs
+    the graph of its token-generation bucket, the smallest power of two from 128 at or above
+    its position, the last bucket being the sequence length
+    (archive/transformers-neuronx/transformers-neuronx-developer-guide.rst:1075-1091), so it
+    reads the bucket's KV cache, not only the positions filled."""
+    total_len = input_len + output_len
+    attended, position = 0.0, input_len
+    while position < total_len:
+        bucket = min(total_len, max(128, 1 << math.ceil(math.log2(position + 1))))
+        end = min(bucket, total_len)
+        attended += (end - position) * bucket
+        position = end
+    return attended / output_len
+
+
 def inference(
     shape: Shape, request: InferenceRequest, cal: Calibration = CALIBRATION
 ) -> InferenceEstimate:
     """Prefill of the prompt, then decode steps at the mean context length."""
     inst, tp, b = request.instance, request.tp, request.batch
-    prefill, _ = _layer_forward(shape, inst, b, request.input_len, request.input_len, tp, True, cal)
+    prefill, _ = _layer_forward(
+        shape, inst, b, request.input_len, request.input_len, tp, True, cal,
+        request.flash_attention,
+    )  # fmt: skip
     prefill_layer = prefill.total + _tp_collectives(shape, inst, b * request.input_len, tp, 2, cal)
     weight_read = shape.head_flops(1, tp) / 2 * request.weight_bytes
     head_seconds = weight_read / (inst.hbm_bytes_per_s * cal.hbm_efficiency)
     ttft = shape.layers * prefill_layer + head_seconds
 
-    context = request.input_len + request.output_len / 2
-    per_layer_weights = (shape.parameters() - 2 * shape.vocab * shape.hidden) / shape.layers
-    weights = per_layer_weights / tp * request.weight_bytes
+    context = mean_attended_length(request.input_len, request.output_len)
+    weights = shape.layer_weights_per_rank(tp) * request.weight_bytes
     kv = b * context * 2 * shape.kv_heads_per_rank(tp) * shape.head_dim * 2
     memory = (weights + kv) / (inst.hbm_bytes_per_s * cal.hbm_efficiency)
     decode, _ = _layer_forward(shape, inst, b, 1, int(context), tp, False, cal)

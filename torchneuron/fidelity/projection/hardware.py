@@ -28,13 +28,16 @@ class Instance:
     network_bytes_per_s: float  # EFA per instance
     hop_latency_s: float  # one step of a ring inside the instance
     network_latency_s: float  # one step across instances
+    sbuf_bytes: int  # on-chip SBUF per logical core
 
 
 # NeuronCore-v2 (trn1, inf2): TensorE 128x128 at 2.8 GHz, "up to 92 TFLOPS" BF16
 # (nki/guides/architecture/trainium_inferentia2_arch.rst:99,103); VectorE 128 lanes at
 # 1.12 GHz, ScalarE 128 lanes at 1.4 GHz, about one element per lane per cycle (same file,
-# :65-71); HBM 820 GiB/s per chip, 2 cores (about-neuron/arch/neuron-hardware/trainium.rst:24).
+# :65-71); HBM 820 GiB/s per chip, 2 cores (about-neuron/arch/neuron-hardware/trainium.rst:24);
+# SBUF 24 MiB (trainium_inferentia2_arch.rst:76).
 _NC_V2 = dict(
+    sbuf_bytes=24 << 20,
     matmul_bf16_flops=92e12,
     vector_elements_per_s=128 * 1.12e9,
     scalar_elements_per_s=128 * 1.4e9,
@@ -66,7 +69,7 @@ INSTANCES = {
     # ScalarE 2 x 128 elements/cycle at 1.2 GHz (nki/guides/architecture/trainium2_arch.rst:54-71,
     # about-neuron/arch/neuron-hardware/neuron-core-v3.rst:42-49); HBM 2.9 TB/s per chip
     # (trainium2.rst:30); NeuronLink-v3 1.28 TB/s per chip (trainium2.rst:37); EFA 3,200 Gbps
-    # (trn2-arch.rst:68-105).
+    # (trn2-arch.rst:68-105); SBUF 28 MiB per physical core (trainium2_arch.rst:39).
     "trn2.48xlarge": Instance(
         "trn2.48xlarge",
         64,
@@ -78,6 +81,7 @@ INSTANCES = {
         network_bytes_per_s=400e9,
         hop_latency_s=1.5e-6,
         network_latency_s=15e-6,
+        sbuf_bytes=2 * (28 << 20),
     ),
 }
 

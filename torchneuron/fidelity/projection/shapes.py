@@ -8,6 +8,7 @@ for GPT3-23B/46B/175B, neuronx-nemo-megatron's gpt_23b.sh, gpt_46b.sh and gpt_17
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,24 +34,43 @@ class Shape:
         mlp = (3 if self.gated_mlp else 2) * h * f
         return self.layers * (attention + mlp) + 2 * self.vocab * h
 
+    def heads_per_rank(self, tp: int) -> int:
+        """Query heads each TP rank holds: the heads padded to a multiple of tp (NxD Inference
+        pads Q heads; libraries/nxd-inference/developer_guides/feature-guide.rst:858-873)."""
+        return math.ceil(self.heads / tp)
+
     def kv_heads_per_rank(self, tp: int) -> int:
-        """KV heads each TP rank holds: divided while tp allows, replicated beyond."""
-        return max(self.kv_heads // tp, 1)
+        """KV heads each TP rank holds, by the sharding NxD Inference picks
+        (feature-guide.rst:858-873; transformers-neuronx's GQA strategies are the same cases):
+        divided when tp divides them, one replicated head per rank when they divide tp
+        (REPLICATE_TO_TP_DEGREE), otherwise one per query head (CONVERT_TO_MHA)."""
+        if self.kv_heads % tp == 0:
+            return self.kv_heads // tp
+        if tp % self.kv_heads == 0:
+            return 1
+        return self.heads_per_rank(tp)
+
+    def layer_weights_per_rank(self, tp: int) -> int:
+        """Elements of one layer's projection weights on one TP rank, padded heads included."""
+        h, d = self.hidden, self.head_dim
+        q_and_out = 2 * h * self.heads_per_rank(tp) * d
+        kv = 2 * h * self.kv_heads_per_rank(tp) * d
+        mlp = (3 if self.gated_mlp else 2) * h * self.ffn // tp
+        return q_and_out + kv + mlp
 
     def layer_matmul_flops(self, tokens: int, tp: int) -> float:
         """Forward FLOPs of one layer's projections for `tokens` tokens on one TP rank."""
-        h, f, d = self.hidden, self.ffn, self.head_dim
-        q_and_out = 2 * h * h // tp
-        kv = 2 * h * self.kv_heads_per_rank(tp) * d
-        mlp = (3 if self.gated_mlp else 2) * h * f // tp
-        return 2.0 * tokens * (q_and_out + kv + mlp)
+        return 2.0 * tokens * self.layer_weights_per_rank(tp)
 
-    def layer_attention_flops(self, batch: int, queries: int, keys: int, tp: int) -> float:
-        """Forward FLOPs of QK^T and AV on one TP rank; a causal kernel skips masked blocks."""
+    def layer_attention_flops(
+        self, batch: int, queries: int, keys: int, tp: int, flash: bool = True
+    ) -> float:
+        """Forward FLOPs of QK^T and AV on one TP rank; a causal flash kernel skips masked
+        blocks, materialised attention computes every score and masks it."""
         pairs = queries * keys
-        if self.causal and queries == keys:
+        if self.causal and queries == keys and flash:
             pairs = queries * (keys + 1) / 2
-        return 2.0 * 2.0 * batch * pairs * self.hidden / tp
+        return 2.0 * 2.0 * batch * pairs * self.heads_per_rank(tp) * self.head_dim
 
     def layer_elementwise(self, tokens: int, tp: int, sequence_parallel: bool) -> float:
         """Elements one TP rank's Vector engine passes over in one layer's forward: two norms
@@ -58,7 +78,7 @@ class Shape:
         rotary embedding on q and k, the MLP activation (and gate product)."""
         hidden_share = self.hidden / (tp if sequence_parallel else 1)
         residual_stream = 2 * 3 * hidden_share + 2 * hidden_share
-        qk = 2 * (self.hidden + self.kv_heads_per_rank(tp) * self.head_dim * tp) / tp
+        qk = 2 * (self.heads_per_rank(tp) + self.kv_heads_per_rank(tp)) * self.head_dim
         mlp = (2 if self.gated_mlp else 1) * self.ffn / tp
         return tokens * (residual_stream + qk + mlp)
 
