@@ -125,6 +125,41 @@ def describe(result: subprocess.CompletedProcess[str]) -> str:
     return f"exit {result.returncode}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
 
 
+# A folder of this repository put on sys.path by a test changes what every later test in that
+# worker imports (benchmarks/ holds nki.py, which shadows the `nki` alias the NKI tests
+# install): beyond what the suite starts with, only pytest's own entry for tests/ may join.
+# (Libraries append folders of their own, such as setuptools' vendored packages: not checked.)
+_SYS_PATH_AT_START = list(sys.path)
+_ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+_TESTS_DIR = os.path.join(_ROOT, "tests")
+_ENVIRONMENT = os.path.realpath(sys.prefix)  # .venv, inside the repository
+
+
+def _repository_folders_added(before: list[str]) -> list[str]:
+    def ours(path: str) -> bool:
+        inside = (path + os.sep).startswith
+        return path != _TESTS_DIR and inside(_ROOT + os.sep) and not inside(_ENVIRONMENT + os.sep)
+
+    return [p for p in (os.path.realpath(p or ".") for p in sys.path if p not in before) if ours(p)]
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if added := _repository_folders_added(_SYS_PATH_AT_START):
+        raise pytest.UsageError(
+            f"importing the test modules added {added} to sys.path; load the module from its "
+            "file (importlib.util.spec_from_file_location) or import it from a package"
+        )
+
+
+@pytest.fixture(autouse=True)
+def _sys_path_unchanged():  # noqa: ANN202 - a fixture
+    """A test leaves no folder of the repository on sys.path (monkeypatch restores first)."""
+    before = list(sys.path)
+    yield
+    added = _repository_folders_added(before)
+    assert not added, f"the test put {added} on sys.path"
+
+
 @pytest.fixture(autouse=True)
 def _restore_current_device_and_stream():
     """Every test starts and ends on neuron:0 with its default stream current."""
