@@ -10,13 +10,17 @@
 #
 # A venv is reused when it exists (rm -r build/matrix to start over). The torch releases the
 # source supports are pyproject.toml's range; CMakeLists.txt refuses others at configure.
+# torch comes from pip's configured index; pip's own environment variables choose another
+# source, e.g. wheels downloaded beforehand (pip download torch==2.15.0 -d DIR):
+#   PIP_FIND_LINKS=DIR ./scripts/test-matrix.sh 3.11:2.15.0
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 WORK="$ROOT/build/matrix"
 COMBINATIONS=("$@")
 if [ ${#COMBINATIONS[@]} -eq 0 ]; then
-  COMBINATIONS=(3.11:2.13.0 3.12:2.13.0 3.13:2.13.0 3.11:2.14.1 3.12:2.14.1 3.13:2.14.1)
+  COMBINATIONS=(3.11:2.13.0 3.12:2.13.0 3.13:2.13.0 3.11:2.14.1 3.12:2.14.1 3.13:2.14.1
+    3.11:2.15.0 3.12:2.15.0 3.13:2.15.0)
 fi
 SUBSET=(tests/test_device.py tests/test_ops.py tests/test_compile.py tests/test_distributed.py
   tests/test_hf_models.py tests/test_nki_kernels.py tests/test_native_gemm.py

@@ -13,7 +13,7 @@ Inductor keeps ``neuron`` as the graph's device (its scheduling and kernels are 
 ones already, see inductor_device.py), so the package's device key is ``neuron`` and
 ``aoti_load_package`` picks our runner. Only the C++ wrapper's spelling of devices changes:
 ``NeuronCppWrapper`` writes ``cpu`` where Inductor would write the graph's device (C-shim
-names, headers, and ``DEVICE_TO_ATEN``, the table for allocations and constants). The
+names, headers, and the ATen device of allocations and constants). The
 methods it overrides are private Inductor API, so they are checked before registration.
 
 JIT ``cpp_wrapper=True`` is refused: its wrapper is called from Python without the
@@ -122,12 +122,21 @@ def host_header_adjustment() -> tuple[Any, str, Any]:
     return codecache, "_get_cpp_wrapper_header", get_cpp_wrapper_header
 
 
-def spell_neuron_as_cpu() -> None:
-    """C++ wrappers write a device through DEVICE_TO_ATEN (allocations, constants, device
-    arguments); only NeuronCppWrapper ever sees neuron devices, and it means the CPU."""
-    from torch._inductor.codegen.cpp_utils import DEVICE_TO_ATEN
+# The ATen device C++ wrappers write for a neuron graph's devices (allocations, constants,
+# device arguments): only NeuronCppWrapper ever sees neuron devices, and it means the CPU.
+HOST_ATEN_DEVICE = "at::kCPU"
 
-    DEVICE_TO_ATEN[NEURON] = DEVICE_TO_ATEN["cpu"]
+
+def spell_neuron_as_cpu() -> None:
+    """Makes C++ wrappers write HOST_ATEN_DEVICE for neuron. torch 2.13 and 2.14 read it from
+    the table cpp_utils.DEVICE_TO_ATEN; torch 2.15 replaced the table with device_to_aten(),
+    which asks the device's op overrides (NeuronDeviceOpOverrides.aten_device_type in
+    inductor_device.py returns HOST_ATEN_DEVICE), so there is nothing to write here."""
+    from torch._inductor.codegen import cpp_utils
+
+    table = getattr(cpp_utils, "DEVICE_TO_ATEN", None)  # absent from torch 2.15
+    if table is not None:
+        table[NEURON] = HOST_ATEN_DEVICE
 
 
 def _write_host_outputs_symbol(result: Any) -> None:

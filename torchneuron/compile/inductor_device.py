@@ -142,6 +142,14 @@ def _build_codegen_classes() -> tuple[type, type]:
         def device_guard(self, device_idx: int) -> str:
             return f"torch.neuron.device({device_idx})"
 
+        def aten_device_type(self) -> str:
+            # torch 2.15: the C++ wrapper's device_to_aten() asks this (2.13 and 2.14 read
+            # a table, inductor_aot.spell_neuron_as_cpu); neuron graphs' C++ wrappers mean
+            # the CPU.
+            from .inductor_aot import HOST_ATEN_DEVICE
+
+            return HOST_ATEN_DEVICE
+
     class WaitsBeforeHostKernels:
         """Calls Inductor's C++ kernels directly, as it does for the CPU, after a wait for
         launched work. The extern kernels and fallbacks the wrapper calls are neuron ops,
