@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import torch
 import torchneuron
 
 
-def _load_harness():  # type: ignore[no-untyped-def]
+def _load_harness() -> types.ModuleType:
     # Loaded from its file, not by putting benchmarks/ on sys.path: that folder holds nki.py,
     # which would then shadow the `nki` import alias the NKI tests install in this process.
     path = Path(__file__).resolve().parent.parent / "benchmarks" / "_harness.py"
