@@ -17,6 +17,7 @@ from torchneuron.fidelity.projection.analytic import (
     InferenceRequest,
     TrainingLayout,
     inference,
+    mean_attended_length,
 )
 from torchneuron.fidelity.projection.hardware import find_instance
 from torchneuron.fidelity.projection.shapes import find_shape
@@ -52,6 +53,36 @@ def test_committed_constants_are_what_the_fit_gives() -> None:
     for field in dataclasses.fields(CALIBRATION):
         committed, refit = getattr(CALIBRATION, field.name), getattr(fitted, field.name)
         assert committed == pytest.approx(refit, rel=0.01), field.name
+
+
+@pytest.mark.parametrize(
+    "model, tp, heads, kv_heads",
+    [
+        ("Llama-2-70b", 4, 16, 2),  # 8 KV heads divided by tp
+        ("Llama-2-70b", 32, 2, 1),  # tp a multiple of 8: one KV head replicated per rank
+        ("Llama-2-70b", 12, 6, 6),  # neither divides: one KV head per query head (MHA)
+        ("Llama-2-13b", 24, 2, 2),  # 40 heads padded to 48: two per rank
+    ],
+)
+def test_heads_are_sharded_as_nxd_inference_shards_them(
+    model: str, tp: int, heads: int, kv_heads: int
+) -> None:
+    shape = find_shape(model)
+    assert (shape.heads_per_rank(tp), shape.kv_heads_per_rank(tp)) == (heads, kv_heads)
+
+
+@pytest.mark.parametrize(
+    "input_len, output_len, mean",
+    [
+        (100, 28, 128),  # every step in the first bucket, 128
+        (128, 128, 256),  # positions 128-255: the 256 bucket
+        (200, 400, (56 * 256 + 256 * 512 + 88 * 600) / 400),  # 256, 512, then the length 600
+    ],
+)
+def test_decode_attends_its_token_generation_bucket(
+    input_len: int, output_len: int, mean: float
+) -> None:
+    assert mean_attended_length(input_len, output_len) == pytest.approx(mean)
 
 
 def test_decode_of_a_memory_bound_model_is_its_weights_over_hbm_bandwidth() -> None:

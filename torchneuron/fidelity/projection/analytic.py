@@ -316,9 +316,8 @@ def mean_attended_length(input_len: int, output_len: int) -> float:
     attended, position = 0.0, input_len
     while position < total_len:
         bucket = min(total_len, max(128, 1 << math.ceil(math.log2(position + 1))))
-        end = min(bucket, total_len)
-        attended += (end - position) * bucket
-        position = end
+        attended += (bucket - position) * bucket
+        position = bucket
     return attended / output_len
 
 

@@ -125,10 +125,10 @@ FLASH_INFERENCE_ABOVE = 8192
 def _flash_attention(row: dict[str, str], prompt: int | None = None) -> bool:
     """Whether the figure's software ran attention as a flash kernel. Trn2 arrived after
     2.19, so its figures (whose SDK is unstated) are on the newer side."""
-    newer = row["instance"].startswith("trn2") or _sdk_key(row) >= FLASH_SDK
-    if not newer or not find_shape(row["model"]).causal:
+    trn2 = row["instance"].startswith("trn2")
+    if not (trn2 or _sdk_key(row) >= FLASH_SDK) or not find_shape(row["model"]).causal:
         return False
-    return prompt is None or prompt > FLASH_INFERENCE_ABOVE or row["instance"].startswith("trn2")
+    return trn2 or prompt is None or prompt > FLASH_INFERENCE_ABOVE
 
 
 def _is_calibration(model: str) -> bool:
