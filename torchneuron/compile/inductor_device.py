@@ -43,6 +43,8 @@ from typing import Any
 
 import torch
 
+from . import inductor_aot
+
 log = logging.getLogger("torchneuron.inductor")
 
 _registered = False
@@ -146,9 +148,7 @@ def _build_codegen_classes() -> tuple[type, type]:
             # torch 2.15: the C++ wrapper's device_to_aten() asks this (2.13 and 2.14 read
             # a table, inductor_aot.spell_neuron_as_cpu); neuron graphs' C++ wrappers mean
             # the CPU.
-            from .inductor_aot import HOST_ATEN_DEVICE
-
-            return HOST_ATEN_DEVICE
+            return inductor_aot.HOST_ATEN_DEVICE
 
     class WaitsBeforeHostKernels:
         """Calls Inductor's C++ kernels directly, as it does for the CPU, after a wait for
@@ -300,8 +300,6 @@ def _code_version_pass() -> Any:
     reused."""
     from torch._inductor.custom_graph_pass import CustomGraphModulePass, get_hash_for_files
 
-    from . import inductor_aot
-
     version = get_hash_for_files((__file__, inductor_aot.__file__)).hex()
 
     class NeuronCodeVersion(CustomGraphModulePass):
@@ -317,8 +315,6 @@ def _code_version_pass() -> Any:
 def _aot_wrapper(fallback: type) -> type:
     """The C++ wrapper for AOTInductor on neuron, or `fallback` (with a warning) if this
     Inductor lacks what it builds on; the default torch.compile does not depend on it."""
-    from . import inductor_aot
-
     try:
         cpp_wrapper = inductor_aot.build_cpp_wrapper_class()
         owner, name, replacement = inductor_aot.host_header_adjustment()
