@@ -2,11 +2,13 @@
 
 - `accelerate launch` with 2 processes (DDP over the "neuron" process-group backend, bf16
   autocast) = the same loop in one process;
-- `torchrun --nproc_per_node=4` with `from_pretrained(dir, distributed_config=
+- 4 ranks as `torchrun --nproc_per_node=4` starts them (forked from a process with torch
+  imported: tests/support/ranks.py::run_script; torchrun itself runs examples/sft_distributed.py
+  in tests/test_docs.py) with `from_pretrained(dir, distributed_config=
   DistributedConfig(tp_size=2, fsdp_size=2))` + `SFTTrainer`, and tp-only and fsdp-only on
   2 ranks = one neuron process (float32); `trainer.save_model` reloads in a plain CPU process
   (TORCH_DEVICE_BACKEND_AUTOLOAD=0) with the trained model's logits;
-- resume from a checkpoint under torchrun (2 ranks, DDP) continues the same loss curve.
+- resume from a checkpoint on 2 ranks (DDP) continues the same loss curve.
   Transformers 5.24 refuses to checkpoint the optimizer of a model sharded at load time
   (`Trainer.__init__`: "Resuming is not supported for models sharded at load time"), so
   resume is tested with plain data parallel; DistributedConfig runs save with
@@ -39,6 +41,7 @@ from support.finetune_fixtures import (
     run_interpreter,
     tiny_model,
 )
+from support.ranks import run_script
 
 DEADLINE_S = 300
 LOGITS_TOL = {"rtol": 1e-5, "atol": 1e-5}
@@ -46,14 +49,10 @@ SFT_WORKER = str(TESTS_DIR / "support" / "finetune_sft_worker.py")
 ACCELERATE_WORKER = str(TESTS_DIR / "support" / "finetune_accelerate_worker.py")
 
 
-def _torchrun(nproc: int, *args: str) -> None:
-    env = dict(os.environ)
-    env.pop("LOCAL_RANK", None)
-    run_interpreter(
-        ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *args],
-        timeout=DEADLINE_S,
-        env=env,
-    )
+def _ranks(nproc: int, logs: Path, *args: str) -> None:
+    """The SFT worker on `nproc` ranks as torchrun starts them, forked from a process that has
+    imported torch (tests/support/ranks.py::run_script); its report goes to its output dir."""
+    run_script(SFT_WORKER, list(args), nproc, logs)
 
 
 @pytest.fixture(scope="module")
@@ -119,8 +118,17 @@ def test_accelerate_launch_two_processes(tmp_path):
 def test_tp2_fsdp2_four_ranks_sft_save_and_cpu_reload(model_dir, reference, tmp_path):
     out = tmp_path / "run"
     saved = tmp_path / "saved"
-    _torchrun(
-        4, SFT_WORKER, model_dir, str(out), "--tp", "2", "--fsdp", "2", "--save-model", str(saved)
+    _ranks(
+        4,
+        tmp_path / "ranks",
+        model_dir,
+        str(out),
+        "--tp",
+        "2",
+        "--fsdp",
+        "2",
+        "--save-model",
+        str(saved),
     )
     got = _report(out)
     assert got["world"] == 4 and got["param_device"] == "neuron:0"
@@ -154,7 +162,7 @@ def test_tp2_fsdp2_four_ranks_sft_save_and_cpu_reload(model_dir, reference, tmp_
 @pytest.mark.parametrize(("tp", "fsdp"), [(2, 1), (1, 2)], ids=["tp-only", "fsdp-only"])
 def test_two_ranks_sft_equals_one_process(model_dir, reference, tmp_path, tp, fsdp):
     out = tmp_path / "run"
-    _torchrun(2, SFT_WORKER, model_dir, str(out), "--tp", str(tp), "--fsdp", str(fsdp))
+    _ranks(2, tmp_path / "ranks", model_dir, str(out), "--tp", str(tp), "--fsdp", str(fsdp))
     got = _report(out)
     assert got["world"] == 2 and got["param_device"] == "neuron:0"
     assert all(shape == [4 // fsdp, 128] for shape in got["shapes"]), got["shapes"]
@@ -165,11 +173,11 @@ def test_two_ranks_sft_equals_one_process(model_dir, reference, tmp_path, tp, fs
 
 
 def test_two_ranks_resume_from_checkpoint(model_dir, reference, tmp_path):
-    """Plain DDP under torchrun: save at step 2, then a new trainer resumes from checkpoint-2
+    """Plain DDP on 2 ranks: save at step 2, then a new trainer resumes from checkpoint-2
     (weights, optimizer, scheduler, per-rank RNG files, data order) and logs the same losses
     for steps 3 and 4."""
     out = tmp_path / "run"
-    _torchrun(2, SFT_WORKER, model_dir, str(out), "--save-steps", "2", "--check-resume")
+    _ranks(2, tmp_path / "ranks", model_dir, str(out), "--save-steps", "2", "--check-resume")
     got = _report(out)
     assert (out / "checkpoint-2" / "optimizer.pt").is_file()
     assert sorted(p.name for p in (out / "checkpoint-2").glob("rng_state_*.pth")) == [
