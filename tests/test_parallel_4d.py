@@ -26,8 +26,8 @@ after 3 steps 1.2e-7 (largest weight 4.1), momentum 7.5e-9. LOSS_ATOL is 20x tha
 mis-scaled gradient (the pipeline not dividing by its 2 microbatches) moves the losses by 0.03
 at step 1 and 0.4 at step 5.
 
-Wall time on 2 cores (lightly loaded): 2 min 24 s for the file: 56 s the 16-rank run, 46 s the
-checkpoint test, 21 s and 15 s the 4-rank subsets, 4 s the reference.
+Wall time on 2 cores (quiet): 31 s for the file: 10 s the 16-rank run, 8 s the checkpoint
+test, 9 s the cp x tp subset under torchrun, 1 s the pp x cp one, 3 s the reference.
 """
 
 from __future__ import annotations
