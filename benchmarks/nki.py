@@ -113,7 +113,7 @@ def main() -> None:
     threads = torch.get_num_threads()
     print(f"CPU: {host['model']}, ISA {host['isa']}; load average {os.getloadavg()[0]:.2f}")
     print(
-        f"torch threads: {threads} (row programs of >= 2^18 elements and torch.mm use them; "
+        f"torch threads: {threads} (row programs of >= 2^15 elements and torch.mm use them; "
         "eager-1t is eager on 1 thread)"
     )
     print("compiled = default (C++ row programs + numpy/torch.mm); numpy = the numpy program")

@@ -27,6 +27,10 @@ SUBDIR = "nki-cxx"
 FLAGS = [
     "-O3",
     "-march=native",
+    # GCC vectorises with 256-bit registers by default even where 512-bit ones exist; the
+    # row programs are long streams of independent lanes, which the wider ones run ~25%
+    # faster on AVX-512 hosts (softmax 4096x256: 0.38 -> 0.29 ms). Ignored without AVX-512.
+    "-mprefer-vector-width=512",
     "-fno-math-errno",
     "-fno-trapping-math",
     "-ffp-contract=fast",

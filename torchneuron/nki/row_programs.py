@@ -44,7 +44,9 @@ VARIABLE = "TORCHNEURON_NKI_ROW_PROGRAMS"
 # worth it.
 MIN_ELEMENTS = 1 << 16
 LOCAL_LIMIT = 16384  # floats per row in a row-local buffer (on the stack)
-PARALLEL_ELEMENTS = 1 << 18  # a run this large runs its rows on all intra-op threads
+# A run this large runs its rows on all intra-op threads: an OpenMP region costs a few us,
+# a 2^15-element run ~15 us on one thread (an SPMD grid's instances are runs of this size).
+PARALLEL_ELEMENTS = 1 << 15
 
 
 def mode() -> str:
