@@ -3,8 +3,9 @@
 // event on the current stream as each op begins and ends and reports the time between them
 // as the op's device time. Without these stubs PyTorch's placeholder throws inside the
 // op-enter callback before the op's start time is stamped, and the profile shows times of
-// about -7e16 us. Streams run their work on the launching thread today, so an event
-// completes when recorded and its timestamp is the time the stream reached it.
+// about -7e16 us. An event is recorded on the op's stream and stamped when the stream
+// reaches it (at once for inline launches; when the stream worker has done the work launched
+// before it for asynchronous ones), so the time between two events is the stream's.
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/ApproximateClock.h>
 #include <c10/util/irange.h>
