@@ -72,11 +72,10 @@ def test_inference_reports_ttft_tpot_and_skips_instances_too_small(capsys) -> No
     ("argv", "message"),
     [
         ("llama-3.1-8b --tp 48 --chip trn1", "48 cores does not lay out on 2 x trn1.32xlarge"),
-        ("llama-3.1-8b --fsdp 2", "FSDP (ZeRO-3) is not in the calibrated model"),
         ("llama-3.1-8b --chip trn3", "no instance for chip 'trn3'"),
         ("llama-3.1-8b --dp 2 --global-batch 3", "global batch 3 is not a multiple of dp 2"),
         ("llama-3.1-8b --batch 0", "micro_batch must be >= 1, got 0"),
-        ("llama-3.1-8b --inference --pp 2", "--pp and --dp are 1"),
+        ("llama-3.1-8b --inference --pp 2", "--pp, --dp and --cp are 1"),
         ("no-such-model", "neither a preset"),
         ("", "name a model"),
     ],

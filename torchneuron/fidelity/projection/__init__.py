@@ -61,7 +61,7 @@ class TrainingProjection:
     def mfu(self) -> float:
         """Model FLOPs per second over the BF16 Tensor-engine peak of the cores used."""
         lay = self.layout
-        cores = lay.tp * lay.pp * lay.dp
+        cores = lay.tp * lay.pp * lay.dp * lay.cp
         return self.model_flops / self.seconds / (cores * lay.instance.matmul_bf16_flops)
 
 

@@ -69,7 +69,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="bf16")
     p.add_argument("--autocast", action="store_true", help="with --dtype fp32: mixed")
-    p.add_argument("--fsdp", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--cp", type=int, default=1, help="context parallelism (ring attention)")
+    p.add_argument(
+        "--fsdp", action="store_true", help="FSDP (ZeRO-3): all state sharded over dp x cp"
+    )
     p.add_argument("--inference", action="store_true", help="TTFT, TPOT and throughput")
     p.add_argument("--input-len", type=int, help="prompt tokens (default --seq)")
     p.add_argument("--output-len", type=int, default=128, help="generated tokens")
@@ -124,14 +127,8 @@ def _per_instance(
 
 
 def training_layouts(a: argparse.Namespace) -> tuple[list[TrainingLayout], list[str]]:
-    if a.fsdp != 1:
-        raise ValueError(
-            "--fsdp: FSDP (ZeRO-3) is not in the calibrated model; AWS's published runs use "
-            "--dp with --zero1, which is"
-        )
-
     def build(inst: Instance) -> TrainingLayout:
-        cores = a.tp * a.pp * a.dp
+        cores = a.tp * a.pp * a.dp * a.cp
         return TrainingLayout(
             instance=inst,
             nodes=a.nodes or max(1, math.ceil(cores / inst.cores)),
@@ -143,6 +140,8 @@ def training_layouts(a: argparse.Namespace) -> tuple[list[TrainingLayout], list[
             dp=a.dp,
             sequence_parallel=a.sp,
             zero1=a.zero1,
+            cp=a.cp,
+            fsdp=a.fsdp,
             checkpointing="full" if a.grad_checkpointing else a.checkpointing,
             precision=_precision(a),
         )
@@ -151,8 +150,10 @@ def training_layouts(a: argparse.Namespace) -> tuple[list[TrainingLayout], list[
 
 
 def inference_requests(a: argparse.Namespace) -> tuple[list[InferenceRequest], list[str]]:
-    if a.pp != 1 or a.dp != 1:
-        raise ValueError("inference projects one tensor-parallel replica: --pp and --dp are 1")
+    if a.pp != 1 or a.dp != 1 or a.cp != 1 or a.fsdp:
+        raise ValueError(
+            "inference projects one tensor-parallel replica: --pp, --dp and --cp are 1, no --fsdp"
+        )
 
     def build(inst: Instance) -> InferenceRequest:
         return InferenceRequest(
@@ -173,8 +174,9 @@ def format_training(model: str, rows: list[TrainingProjection]) -> str:
     lines = [
         f"{model}: training, seq {first.seq}, micro-batch {first.micro_batch}, global batch "
         f"{first.global_batch} ({first.microbatches} microbatch{plural} per replica), "
-        f"tp {first.tp} pp {first.pp} dp {first.dp}{' sp' if first.sequence_parallel else ''}"
-        f"{' zero1' if first.zero1 else ''}, checkpointing {first.checkpointing}, "
+        f"tp {first.tp} pp {first.pp} dp {first.dp}{f' cp {first.cp}' if first.cp > 1 else ''}"
+        f"{' sp' if first.sequence_parallel else ''}{' zero1' if first.zero1 else ''}"
+        f"{' fsdp' if first.fsdp else ''}, checkpointing {first.checkpointing}, "
         f"{first.precision} precision",
         f"{'instance':<16}{'nodes':>6}{'step s':>10}{'seq/s':>10}{'tokens/s':>12}{'MFU':>7}",
     ]

@@ -12,7 +12,11 @@ attention again (selective). Pipeline parallelism runs microbatches through stag
 1F1B bubble (S - 1 extra microbatch slots); data parallelism adds the gradient reduce-scatter
 and parameter all-gather (ZeRO-1) or all-reduce once per step, over NeuronLink inside an
 instance and EFA across, behind the last microbatch's backward where the step is one graph;
-the optimizer step reads and writes its state at HBM bandwidth. Decode is the larger of its
+the optimizer step reads and writes its state at HBM bandwidth. Context parallelism splits
+the sequence over cp ranks (load-balanced causal ring attention, key/value blocks passed round
+the ring behind the block computations); FSDP (ZeRO-3) gathers each layer's parameters before
+its forward and backward and reduce-scatters its gradients, each layer's collectives behind
+the previous layer's compute. Decode is the larger of its
 matmul time and the time to read the weights and the KV cache of its token-generation bucket
 from HBM.
 
@@ -59,23 +63,35 @@ class TrainingLayout:
     dp: int = 1
     sequence_parallel: bool = False
     zero1: bool = False
+    cp: int = 1  # context parallelism: the sequence split over cp ranks
+    fsdp: bool = False  # ZeRO-3 over the dp ranks: parameters, gradients, optimizer state
     checkpointing: str = "none"  # "none", "selective" or "full"
     precision: str = "bf16"  # "bf16" (bf16 weights), "mixed" (bf16 compute, fp32 master), "fp32"
     flash_attention: bool = True  # False: scores materialised (see _layer_forward)
 
     def __post_init__(self) -> None:
-        for name in ("nodes", "seq", "micro_batch", "global_batch", "tp", "pp", "dp"):
+        for name in ("nodes", "seq", "micro_batch", "global_batch", "tp", "pp", "dp", "cp"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         cores = self.instance.cores * self.nodes
-        used = self.tp * self.pp * self.dp
+        used = self.tp * self.pp * self.dp * self.cp
         # One instance may be used in part; several instances are used whole.
         if used > cores or (self.nodes > 1 and used != cores):
+            cp = f" x cp {self.cp}" if self.cp > 1 else ""
             raise ValueError(
-                f"tp {self.tp} x pp {self.pp} x dp {self.dp} = {used} cores does not lay out on "
-                f"{self.nodes} x {self.instance.name} ({self.instance.cores} cores each): use "
+                f"tp {self.tp} x pp {self.pp} x dp {self.dp}{cp} = {used} cores does not lay out "
+                f"on {self.nodes} x {self.instance.name} ({self.instance.cores} cores each): use "
                 f"{cores} cores{'' if self.nodes > 1 else ' or fewer'}"
             )
+        if self.tp * self.cp > self.instance.cores:
+            raise ValueError(
+                f"tp {self.tp} x cp {self.cp} is more than the {self.instance.cores} cores of "
+                f"{self.instance.name}: the model passes the ring's blocks over NeuronLink"
+            )
+        if self.seq % self.cp:
+            raise ValueError(f"sequence {self.seq} does not split into cp {self.cp} shards")
+        if self.fsdp and self.zero1:
+            raise ValueError("fsdp shards the optimizer state already (ZeRO-3): drop zero1")
         if self.global_batch % (self.dp * self.micro_batch):
             raise ValueError(
                 f"global batch {self.global_batch} is not a multiple of dp {self.dp} x "
@@ -168,7 +184,7 @@ def data_parallel_seconds(grad_bytes: float, layout: TrainingLayout, cal: Calibr
     """Gradient reduce-scatter and parameter all-gather (or an all-reduce: the same traffic)
     over the dp ranks, hierarchically: among the dp ranks inside an instance over NeuronLink,
     then among instances over EFA, which every rank of an instance shares."""
-    inst, dp = layout.instance, layout.dp
+    inst, dp = layout.instance, layout.dp * layout.cp  # cp ranks hold the same weights
     per_replica = layout.tp * layout.pp
     local = max(1, min(dp, inst.cores // per_replica))  # dp ranks inside one instance
     across = dp // local
@@ -196,8 +212,11 @@ def _layer_forward(
     sequence_parallel: bool,
     cal: Calibration,
     flash: bool = True,
+    cp: int = 1,
 ) -> tuple[Breakdown, float]:
-    """(compute by kind, attention's share) of one layer's forward on one TP rank. Matmuls
+    """(compute by kind, attention's share) of one layer's forward on one TP rank (of `cp`
+    context-parallel ranks, each holding queries / cp tokens and, load-balanced, 1 / cp of
+    the attention's score blocks). Matmuls
     run at the BF16 rate whatever the model's dtype: "By default, the Neuron Compiler will
     automatically cast FP32 matrix multiplication operations to BF16" (AWS, "Mixed Precision
     and Performance-accuracy Tuning (neuronx-cc)").
@@ -210,11 +229,11 @@ def _layer_forward(
     The softmax then runs at the slower of its engines and that traffic (DMA runs beside the
     engines, same file :589-590)."""
     peak = inst.matmul_bf16_flops * cal.matmul_efficiency
-    tokens = batch * queries
+    tokens = batch * queries / cp
     tiles = tile_efficiency(shape.hidden, shape.hidden // tp, shape.ffn // tp)
     out = Breakdown()
     out.add("matmul", shape.layer_matmul_flops(tokens, tp) / (peak * tiles))
-    flops = shape.layer_attention_flops(batch, queries, keys, tp, flash)
+    flops = shape.layer_attention_flops(batch, queries, keys, tp, flash) / cp
     attention = flops / (peak * tile_efficiency(shape.head_dim))
     scores = flops / (4 * shape.head_dim)
     softmax = scores / inst.scalar_elements_per_s + 2 * scores / inst.vector_elements_per_s
@@ -239,6 +258,39 @@ def _tp_collectives(
     return 4 * collective_phase_seconds(size, tp, inst.link_bytes_per_s, inst.hop_latency_s, cal)
 
 
+def context_exchange_seconds(
+    shape: Shape, layout: TrainingLayout, element: int, cal: Calibration
+) -> float:
+    """One layer's forward ring of context parallelism: cp - 1 steps, each passing a rank's
+    key and value blocks (seq / cp tokens of its KV heads) to the next rank over NeuronLink."""
+    if layout.cp <= 1:
+        return 0.0
+    inst = layout.instance
+    block = (
+        layout.micro_batch * layout.seq / layout.cp
+        * 2 * shape.kv_heads_per_rank(layout.tp) * shape.head_dim * element
+    )  # fmt: skip
+    step = block / (inst.link_bytes_per_s * cal.link_efficiency) + inst.hop_latency_s
+    return (layout.cp - 1) * (step + cal.collective_overhead_s)
+
+
+def fsdp_layer_seconds(
+    shape: Shape, layout: TrainingLayout, cal: Calibration
+) -> tuple[float, float]:
+    """(all-gather, reduce-scatter) seconds of one layer's FSDP collectives over the dp x cp
+    ranks (hierarchical, as data_parallel_seconds): its parameters gathered in the compute dtype
+    (BF16 unless fp32), its gradients reduce-scattered in the master weights' (FP32 unless
+    bf16)."""
+    weights = shape.layer_weights_per_rank(layout.tp)
+    gather = 4 if layout.precision == "fp32" else 2
+    reduce = 2 if layout.precision == "bf16" else 4
+    # data_parallel_seconds is two phases (reduce-scatter and all-gather) of its bytes
+    return (
+        data_parallel_seconds(weights * gather, layout, cal) / 2,
+        data_parallel_seconds(weights * reduce, layout, cal) / 2,
+    )
+
+
 def training_step(
     shape: Shape, layout: TrainingLayout, cal: Calibration = CALIBRATION
 ) -> Breakdown:
@@ -246,34 +298,55 @@ def training_step(
     inst, tp, pp, dp = layout.instance, layout.tp, layout.pp, layout.dp
     fp32 = layout.precision == "fp32"
     element = 4 if fp32 else 2
-    b, s = layout.micro_batch, layout.seq
+    b, s, cp = layout.micro_batch, layout.seq, layout.cp
     forward, attention = _layer_forward(
-        shape, inst, b, s, s, tp, layout.sequence_parallel, cal, layout.flash_attention
+        shape, inst, b, s, s, tp, layout.sequence_parallel, cal, layout.flash_attention, cp
     )
-    comms = _tp_collectives(shape, inst, b * s, tp, element, cal)
+    comms = _tp_collectives(shape, inst, b * s // cp, tp, element, cal)
     layer = forward.scaled(3.0)  # forward, and a backward of twice its work
     # The forward's collectives sit between dependent matmuls: exposed. In the backward each
     # linear layer's input gradient and weight gradient are independent matmuls, so the
     # collective on the input gradient runs while the weight gradient (as much Tensor-engine
     # work as the forward's projections) is computed; only what outlasts it is exposed.
     layer.add("tp collectives", comms + max(0.0, comms - forward.parts["matmul"]))
+    # Context parallelism: each ring step's blocks travel while the blocks already held are
+    # computed, so only what outlasts the attention is exposed; the backward passes keys,
+    # values and their gradients (twice the bytes) beside twice the work.
+    ring = context_exchange_seconds(shape, layout, element, cal)
+    layer.add("cp exchange", max(0.0, ring - attention) + max(0.0, 2 * ring - 2 * attention))
     if layout.checkpointing == "full":
         layer = layer.merged(forward)
         layer.add("tp collectives", comms)
+        layer.add("cp exchange", max(0.0, ring - attention))
     elif layout.checkpointing == "selective":
         layer.add("attention", attention)
+        layer.add("cp exchange", max(0.0, ring - attention))
+    sharded = layout.fsdp and dp * cp > 1  # FSDP's mesh holds the cp ranks too (TorchTitan)
+    if sharded:
+        # FSDP2 prefetches: a layer's all-gather runs during the previous layer's forward, its
+        # gradients' reduce-scatter and the next all-gather during the following layer's
+        # backward; per microbatch, since gradients are reduced after each backward.
+        gather, scatter = fsdp_layer_seconds(shape, layout, cal)
+        compute = forward.total
+        layer.add("fsdp collectives", max(0.0, gather - compute))
+        layer.add("fsdp collectives", max(0.0, gather + scatter - 2 * compute))
     layers_per_stage = math.ceil(shape.layers / pp)
     stage = layer.scaled(layers_per_stage)
     peak = inst.matmul_bf16_flops * cal.matmul_efficiency
-    stage.add("matmul", 3 * shape.head_flops(b * s, tp) / peak)  # on the last stage
+    stage.add("matmul", 3 * shape.head_flops(b * s // cp, tp) / peak)  # on the last stage
     if pp > 1:  # activations to the next stage and gradients back, per microbatch
-        shard = b * s * shape.hidden * element / (tp if layout.sequence_parallel else 1)
+        shard = b * s // cp * shape.hidden * element / (tp if layout.sequence_parallel else 1)
         stage.add("pp transfers", 2 * shard / inst.link_bytes_per_s + 2 * inst.hop_latency_s)
+    if sharded:
+        # the first layer's gather of each pass, and the last reduce-scatter, have nothing
+        # before or after them to hide behind
+        gather, scatter = fsdp_layer_seconds(shape, layout, cal)
+        stage.add("fsdp collectives", 2 * gather + scatter)
     step = stage.scaled(layout.microbatches + pp - 1)  # 1F1B: S - 1 slots of bubble
 
     params_per_rank = shape.parameters() / (tp * pp)
     grad_bytes = params_per_rank * (2 if layout.precision == "bf16" else 4)
-    if dp > 1:
+    if dp * cp > 1 and not layout.fsdp:
         sync = data_parallel_seconds(grad_bytes, layout, cal)
         if tp * pp > 1:
             # Model-parallel runs (NxD, NeMo) trace the step as one graph, so the last
@@ -289,7 +362,7 @@ def training_step(
     # AdamW/LAMB: read parameter, gradient and two moments, write parameter and moments (fp32
     # master copies under "mixed" and "fp32", plus the bf16 copy under "mixed").
     state_bytes = {"bf16": 2 * 7, "mixed": 4 * 7 + 2, "fp32": 4 * 7}[layout.precision]
-    shard = params_per_rank / (dp if layout.zero1 else 1)
+    shard = params_per_rank / (dp * cp if layout.fsdp else dp if layout.zero1 else 1)
     step.add("optimizer", shard * state_bytes / inst.hbm_bytes_per_s)
     return step
 

@@ -1,0 +1,111 @@
+"""Context parallelism and FSDP (ZeRO-3) in the analytic training projection, against closed
+forms: what each shards, what it sends, and how much of it the schedule hides.
+
+AWS publishes no training figure with either layout (torchneuron/fidelity/projection/
+aws_figures/training.csv), so these mechanisms are not calibrated; their costs use the
+constants fitted on the other layouts. The published table is unchanged by them
+(tests/test_projection_published.py recomputes it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from torchneuron.fidelity.projection import find_instance, shapes
+from torchneuron.fidelity.projection.__main__ import main
+from torchneuron.fidelity.projection.analytic import (
+    CALIBRATION,
+    TrainingLayout,
+    collective_phase_seconds,
+    context_exchange_seconds,
+    fsdp_layer_seconds,
+    training_step,
+)
+
+TRN1 = find_instance("trn1.32xlarge")
+LLAMA = shapes.SHAPES["llama-3.1-8b"]
+
+
+def _layout(**fields: object) -> TrainingLayout:
+    base = dict(instance=TRN1, nodes=1, seq=8192, micro_batch=1, global_batch=1, tp=8)
+    base.update(fields)
+    return TrainingLayout(**base)  # type: ignore[arg-type]
+
+
+def test_context_parallel_splits_every_token_wise_cost_by_cp() -> None:
+    """cp ranks each hold seq / cp tokens: projections, the LM head, elementwise work and
+    (load-balanced causal) attention all divide by cp; the gradients of the cp ranks, which
+    hold the same weights, are all-reduced as data parallelism's are."""
+    one = training_step(LLAMA, _layout())
+    for cp in (2, 4):
+        split = training_step(LLAMA, _layout(cp=cp))
+        for kind in ("matmul", "attention", "vector"):
+            assert split.parts[kind] == pytest.approx(one.parts[kind] / cp, rel=1e-12), kind
+        assert "dp collectives" in split.parts and "dp collectives" not in one.parts
+
+
+def test_ring_sends_kv_blocks_and_hides_them_behind_attention() -> None:
+    """cp - 1 ring steps of a rank's key and value blocks (seq / cp tokens x 2 x its KV heads
+    x head_dim x 2 bytes); exposed only when they outlast the attention: never at 8k tokens
+    on NeuronLink, and 3 x (ring - attention) a layer (forward, and twice both in the
+    backward) when the link is made a millionth as fast."""
+    layout = _layout(cp=4)
+    block = 8192 / 4 * 2 * LLAMA.kv_heads_per_rank(8) * LLAMA.head_dim * 2
+    step = block / (TRN1.link_bytes_per_s * CALIBRATION.link_efficiency) + TRN1.hop_latency_s
+    ring = context_exchange_seconds(LLAMA, layout, 2, CALIBRATION)
+    assert ring == pytest.approx(3 * (step + CALIBRATION.collective_overhead_s), rel=1e-12)
+    assert training_step(LLAMA, layout).parts["cp exchange"] == 0.0
+
+    slow = dataclasses.replace(CALIBRATION, link_efficiency=CALIBRATION.link_efficiency * 1e-6)
+    slow_ring = context_exchange_seconds(LLAMA, layout, 2, slow)
+    parts = training_step(LLAMA, layout, slow).parts
+    attention_fwd = training_step(LLAMA, layout, slow).parts["attention"] / 3 / LLAMA.layers
+    expected = LLAMA.layers * 3 * (slow_ring - attention_fwd)
+    assert parts["cp exchange"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_fsdp_shards_state_over_dp_and_gathers_each_layer() -> None:
+    """FSDP: optimizer state over dp (as ZeRO-1 shards it), no step-end gradient sync, and per
+    microbatch each layer's parameters gathered (BF16) for forward and backward and its
+    gradients reduce-scattered (FP32 under mixed precision), behind the neighbouring layers'
+    compute: at 8k tokens only the first gather of each pass and the last reduce-scatter are
+    exposed, 2 x gather + scatter per microbatch."""
+    fsdp = _layout(dp=4, global_batch=8, fsdp=True, precision="mixed")
+    zero1 = _layout(dp=4, global_batch=8, zero1=True, precision="mixed")
+    a, b = training_step(LLAMA, fsdp).parts, training_step(LLAMA, zero1).parts
+    assert a["optimizer"] == pytest.approx(b["optimizer"], rel=1e-12)
+    assert "dp collectives" not in a and "dp collectives" in b
+
+    weights = LLAMA.layer_weights_per_rank(8)
+    link, hop = TRN1.link_bytes_per_s, TRN1.hop_latency_s
+    gather = collective_phase_seconds(weights * 2, 4, link, hop, CALIBRATION)
+    scatter = collective_phase_seconds(weights * 4, 4, link, hop, CALIBRATION)
+    assert fsdp_layer_seconds(LLAMA, fsdp, CALIBRATION) == pytest.approx((gather, scatter))
+    microbatches = fsdp.microbatches
+    assert microbatches == 2
+    assert a["fsdp collectives"] == pytest.approx(microbatches * (2 * gather + scatter), rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ("llama-3.1-8b --dp 2 --fsdp --zero1", "fsdp shards the optimizer state already"),
+        ("llama-3.1-8b --seq 2048 --cp 3 --chip trn1", "does not split into cp 3 shards"),
+        ("llama-3.1-8b --tp 32 --cp 2 --chip trn1", "tp 32 x cp 2 is more than the 32 cores"),
+        ("llama-3.1-8b --inference --cp 2", "--pp, --dp and --cp are 1, no --fsdp"),
+    ],
+)
+def test_bad_layouts_are_refused_with_the_reason(argv: str, message: str, capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main(argv.split()) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_command_prints_the_layout_and_its_collectives(capsys) -> None:  # type: ignore[no-untyped-def]
+    argv = "llama-3.1-8b --seq 8192 --tp 8 --dp 2 --cp 2 --fsdp --global-batch 4 --chip trn1"
+    assert main(argv.split()) == 0
+    out = capsys.readouterr().out
+    assert "tp 8 pp 1 dp 2 cp 2 fsdp" in out
+    assert "fsdp collectives" in out
+    assert "dp collectives" not in out.replace("fsdp collectives", "")
