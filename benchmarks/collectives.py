@@ -1,10 +1,11 @@
 """Collective bandwidth and latency: the neuron backend on neuron tensors against Gloo on CPU
 and against the host's own memcpy bandwidth.
 
-Two ranks (spawned processes, one neuron device and one thread each) join one process group
-``init_process_group("cpu:gloo,neuron:neuron")``: CPU tensors go to Gloo, neuron tensors to
-our backend, so both are measured in the same run on the same processes. For all_reduce,
-all_gather_into_tensor and reduce_scatter_tensor, from 1 KiB to 256 MiB per rank (x4 steps;
+Two ranks (``--ranks``; spawned processes, one neuron device and one thread each) join one
+process group ``init_process_group("cpu:gloo,neuron:neuron")``: CPU tensors go to Gloo,
+neuron tensors to our backend, so both are measured in the same run on the same processes.
+For all_reduce, all_gather_into_tensor and reduce_scatter_tensor, from 1 KiB to 256 MiB
+(``--to-mib``) per rank (x4 steps;
 "size" is the all_reduce buffer, the all_gather input and the reduce_scatter output), each
 size rotates blocks of: Gloo, neuron, memcpy on both ranks at once, memcpy on rank 0 alone
 (a barrier of our backend starts each block), and reports medians.
@@ -24,12 +25,13 @@ the host's speed between rounds (this project's shared hosts drift by 2x within 
 moves both sides of a ratio alike; the bandwidth columns are each side's own median.
 
 Targets: issue 6, at least 3x Gloo's bus bandwidth from 1 MiB up and latency no worse than
-Gloo's below 1 MiB; issue 15, bus bandwidth at least 0.5x the concurrent memcpy bandwidth
-from 16 MiB up.
+Gloo's below 1 MiB; issue 33, bus bandwidth at least 0.5x the concurrent memcpy bandwidth
+from 16 MiB to 1 GiB at 2 and 4 ranks, or the bound that prevents it.
 
     python benchmarks/collectives.py                  # 1 KiB .. 256 MiB (several minutes)
     python benchmarks/collectives.py --quick          # 1 KiB .. 4 MiB
     python benchmarks/collectives.py --from-mib 16 --no-gloo   # the memcpy target only
+    python benchmarks/collectives.py --from-mib 16 --to-mib 1024 --no-gloo --ranks 4
     python benchmarks/collectives.py --markdown       # also print the table as Markdown
 """
 
@@ -48,7 +50,6 @@ import torch.multiprocessing as mp
 from _harness import Table, fmt, print_table
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
-WORLD = 2
 GLOO_TARGET = 3.0
 MEMCPY_TARGET = 0.5
 MEMCPY_FROM = 16 << 20
@@ -74,15 +75,17 @@ def call(op: str, buffers: tuple[torch.Tensor, ...]) -> None:
         dist.reduce_scatter_tensor(buffers[1], buffers[0])
 
 
-def make_buffers(op: str, nbytes: int, device: str, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+def make_buffers(
+    op: str, nbytes: int, device: str, dtype: torch.dtype, ranks: int
+) -> tuple[torch.Tensor, ...]:
     n = max(1, nbytes // torch.tensor([], dtype=dtype).element_size())
     if op == "all_reduce":
         return (torch.ones(n, device=device, dtype=dtype),)
     if op == "all_gather":
         return torch.ones(n, device=device, dtype=dtype), torch.empty(
-            n * WORLD, device=device, dtype=dtype
+            n * ranks, device=device, dtype=dtype
         )
-    return torch.ones(n * WORLD, device=device, dtype=dtype), torch.empty(
+    return torch.ones(n * ranks, device=device, dtype=dtype), torch.empty(
         n, device=device, dtype=dtype
     )
 
@@ -127,20 +130,27 @@ def time_block(name: str, fn, rank: int, iterations: int) -> float:
 
 
 def rank_main(
-    rank: int, port: int, sizes: list[int], rounds: int, gloo: bool, dtype_name: str, results
+    rank: int,
+    ranks: int,
+    port: int,
+    sizes: list[int],
+    rounds: int,
+    gloo: bool,
+    dtype_name: str,
+    results,
 ) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     import torch.distributed as dist
 
     dtype = getattr(torch, dtype_name)
-    dist.init_process_group("cpu:gloo,neuron:neuron", rank=rank, world_size=WORLD)
+    dist.init_process_group("cpu:gloo,neuron:neuron", rank=rank, world_size=ranks)
     rows = []
     for op in OPS:
         for nbytes in sizes:
-            fns = {"neuron": Collective(op, make_buffers(op, nbytes, "neuron", dtype))}
+            fns = {"neuron": Collective(op, make_buffers(op, nbytes, "neuron", dtype, ranks))}
             if gloo:
-                fns["gloo"] = Collective(op, make_buffers(op, nbytes, "cpu", dtype))
+                fns["gloo"] = Collective(op, make_buffers(op, nbytes, "cpu", dtype, ranks))
             fns["memcpy"] = fns["memcpy1"] = Memcpy(nbytes)
             iterations = {}
             for name, fn in fns.items():
@@ -160,7 +170,7 @@ def rank_main(
             # The target's ratio round by round (each neuron block beside its memcpy block,
             # under the same host conditions), then the median of those.
             paired = statistics.median(
-                bus_bytes(op, nbytes, WORLD) / n / (nbytes / m)
+                bus_bytes(op, nbytes, ranks) / n / (nbytes / m)
                 for n, m in zip(samples["neuron"], samples["memcpy"], strict=True)
             )
             rows.append((op, nbytes, medians, paired))
@@ -176,22 +186,25 @@ def label(nbytes: int) -> str:
     return f"{nbytes // MiB} MiB" if nbytes >= MiB else f"{nbytes // 1024} KiB"
 
 
-def table(rows: list[tuple[str, int, dict[str, float], float]]) -> tuple[Table, int, int]:
+def table(
+    rows: list[tuple[str, int, dict[str, float], float]], ranks: int
+) -> tuple[Table, int, int]:
     gloo = "gloo" in rows[0][2]
     header = ["op", "size", "neuron µs", "neuron busbw GB/s"]
     if gloo:
         header += ["gloo µs", "gloo busbw GB/s", "vs gloo"]
-    header += ["memcpy 1-proc GB/s", "memcpy 2-proc GB/s", "busbw / memcpy", "target", "pass/miss"]
+    header += ["memcpy 1-proc GB/s", f"memcpy {ranks}-proc GB/s", "busbw / memcpy", "target"]
+    header += ["pass/miss"]
     body, passed, total = [], 0, 0
     for op, nbytes, t, ratio in rows:
-        busbw = bus_bytes(op, nbytes, WORLD) / t["neuron"] / 1e9
+        busbw = bus_bytes(op, nbytes, ranks) / t["neuron"] / 1e9
         memcpy = nbytes / t["memcpy"] / 1e9
         memcpy1 = nbytes / t["memcpy1"] / 1e9
         row = [op, label(nbytes), fmt(t["neuron"] * 1e6), fmt(busbw)]
         targets, ok = [], True
         if gloo:
             vs_gloo = t["gloo"] / t["neuron"]
-            row += [fmt(t["gloo"] * 1e6), fmt(bus_bytes(op, nbytes, WORLD) / t["gloo"] / 1e9)]
+            row += [fmt(t["gloo"] * 1e6), fmt(bus_bytes(op, nbytes, ranks) / t["gloo"] / 1e9)]
             row.append(f"{vs_gloo:.2f}")
             goal = GLOO_TARGET if nbytes >= MiB else 1.0
             targets.append(f"gloo >= {goal:g}")
@@ -209,13 +222,13 @@ def table(rows: list[tuple[str, int, dict[str, float], float]]) -> tuple[Table, 
     return Table(header, body), passed, total
 
 
-def host_line() -> str:
+def host_line(ranks: int) -> str:
     import torchneuron
 
     isa = torchneuron._C._kernel_isa()
     return (
         f"torch {torch.__version__}, CPU {isa['model']}, ISA {isa['isa']}, {os.cpu_count()} "
-        f"cores, {WORLD} ranks with one thread each, load average {os.getloadavg()[0]:.2f}"
+        f"cores, {ranks} ranks with one thread each, load average {os.getloadavg()[0]:.2f}"
     )
 
 
@@ -223,11 +236,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="1 KiB .. 4 MiB, fewer rounds")
     parser.add_argument("--from-mib", type=int, default=0, help="smallest size, MiB")
+    parser.add_argument("--to-mib", type=int, default=256, help="largest size, MiB")
+    parser.add_argument("--ranks", type=int, default=2, help="processes (one thread each)")
     parser.add_argument("--no-gloo", action="store_true", help="skip Gloo (memcpy target only)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--markdown", action="store_true", help="also print a Markdown table")
     args = parser.parse_args(argv)
-    top = 4 * MiB if args.quick else 256 * MiB
+    if args.ranks < 2:
+        parser.error("--ranks: at least 2")
+    top = 4 * MiB if args.quick else args.to_mib * MiB
     sizes, n = [], max(1024, args.from_mib * MiB)
     while n <= top:
         sizes.append(n)
@@ -236,23 +253,23 @@ def main(argv: list[str] | None = None) -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    print(host_line() + f", {args.dtype}", flush=True)
+    print(host_line(args.ranks) + f", {args.dtype}", flush=True)
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     start = time.perf_counter()
     procs = [
         ctx.Process(
             target=rank_main,
-            args=(r, port, sizes, rounds, not args.no_gloo, args.dtype, results),
+            args=(r, args.ranks, port, sizes, rounds, not args.no_gloo, args.dtype, results),
         )
-        for r in range(WORLD)
+        for r in range(args.ranks)
     ]
     for p in procs:
         p.start()
     rows = results.get(timeout=3600)
     for p in procs:
         p.join()
-    t, passed, total = table(rows)
+    t, passed, total = table(rows, args.ranks)
     print_table(t, args.markdown)
     print()
     print(
