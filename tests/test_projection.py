@@ -75,7 +75,7 @@ def test_inference_reports_ttft_tpot_and_skips_instances_too_small(capsys) -> No
         ("llama-3.1-8b --chip trn3", "no instance for chip 'trn3'"),
         ("llama-3.1-8b --dp 2 --global-batch 3", "global batch 3 is not a multiple of dp 2"),
         ("llama-3.1-8b --batch 0", "micro_batch must be >= 1, got 0"),
-        ("llama-3.1-8b --inference --pp 2", "--pp, --dp and --cp are 1"),
+        ("llama-3.1-8b --inference --pp 2", "--pp, --dp, --cp and --ep are 1"),
         ("no-such-model", "neither a preset"),
         ("", "name a model"),
     ],

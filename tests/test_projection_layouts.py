@@ -1,7 +1,8 @@
-"""Context parallelism and FSDP (ZeRO-3) in the analytic training projection, against closed
-forms: what each shards, what it sends, and how much of it the schedule hides.
+"""Context parallelism, FSDP (ZeRO-3), mixtures of experts and expert parallelism in the
+analytic projection, against closed forms: what each shards, what it sends, and how much of
+it the schedule hides.
 
-AWS publishes no training figure with either layout (torchneuron/fidelity/projection/
+AWS publishes no training figure with these layouts (torchneuron/fidelity/projection/
 aws_figures/training.csv), so these mechanisms are not calibrated; their costs use the
 constants fitted on the other layouts. The published table is unchanged by them
 (tests/test_projection_published.py recomputes it).
@@ -94,7 +95,7 @@ def test_fsdp_shards_state_over_dp_and_gathers_each_layer() -> None:
         ("llama-3.1-8b --dp 2 --fsdp --zero1", "fsdp shards the optimizer state already"),
         ("llama-3.1-8b --seq 2048 --cp 3 --chip trn1", "does not split into cp 3 shards"),
         ("llama-3.1-8b --tp 32 --cp 2 --chip trn1", "tp 32 x cp 2 is more than the 32 cores"),
-        ("llama-3.1-8b --inference --cp 2", "--pp, --dp and --cp are 1, no --fsdp"),
+        ("llama-3.1-8b --inference --cp 2", "--pp, --dp, --cp and --ep are 1"),
     ],
 )
 def test_bad_layouts_are_refused_with_the_reason(argv: str, message: str, capsys) -> None:  # type: ignore[no-untyped-def]
@@ -109,3 +110,65 @@ def test_command_prints_the_layout_and_its_collectives(capsys) -> None:  # type:
     assert "tp 8 pp 1 dp 2 cp 2 fsdp" in out
     assert "fsdp collectives" in out
     assert "dp collectives" not in out.replace("fsdp collectives", "")
+
+
+MIXTRAL = shapes.SHAPES["mixtral-8x7b"]
+
+
+def test_mixture_of_experts_counts_its_experts() -> None:
+    """Mixtral-8x7B: 46.7B parameters, 12.9B a token passes through (Mistral AI's figures for
+    it); a token's projections go through the router and its top-2 experts; a decode step of
+    one token reads 2 experts' weights, of 64 tokens nearly all 8 (8 x (1 - (6/8)^64))."""
+    assert MIXTRAL.parameters() / 1e9 == pytest.approx(46.7, abs=0.05)
+    assert MIXTRAL.active_parameters() / 1e9 == pytest.approx(12.9, abs=0.05)
+    h, expert = 4096, 3 * 4096 * 14336
+    attention = 2 * h * 4 * 128 + 2 * h * 1 * 128  # tp 8: 4 query heads, 1 KV head a rank
+    router = h * 8
+    flops = MIXTRAL.layer_matmul_flops(16, 8)
+    assert flops == 2.0 * 16 * (attention + router + 2 * expert // 8)
+    one = MIXTRAL.layer_decode_weights_per_rank(8, 1)
+    assert one == pytest.approx(attention + router + 2 * expert / 8)
+    many = MIXTRAL.layer_decode_weights_per_rank(8, 64)
+    assert many == pytest.approx(attention + router + 8 * (1 - 0.75**64) * expert / 8)
+    assert MIXTRAL.layer_weights_per_rank(8, ep=4) == attention + router + 2 * expert // 8
+
+
+def test_shape_of_a_mixture_of_experts_config() -> None:
+    from transformers import MixtralConfig, Qwen2MoeConfig
+
+    mixtral = shapes.shape_from_config(MixtralConfig())
+    assert (mixtral.experts, mixtral.experts_per_token, mixtral.ffn) == (8, 2, 14336)
+    qwen = shapes.shape_from_config(Qwen2MoeConfig())  # the expert MLP's own width
+    assert (qwen.experts, qwen.experts_per_token, qwen.ffn) == (60, 4, 1408)
+
+
+def test_expert_parallelism_sends_tokens_to_their_experts_and_shards_them() -> None:
+    """ep ranks each hold experts / ep; per layer four all-to-alls (dispatch and combine,
+    forward and backward) of each rank's tokens x top-k x hidden x 2 bytes, exposed; the
+    experts' optimizer state divided by ep."""
+    base = dict(instance=TRN1, nodes=1, seq=4096, micro_batch=1, global_batch=4, tp=8, dp=4)
+    sharded = training_step(MIXTRAL, TrainingLayout(**base, ep=4))  # type: ignore[arg-type]
+    whole = training_step(MIXTRAL, TrainingLayout(**base))  # type: ignore[arg-type]
+    phase = collective_phase_seconds(
+        4096 * 2 * 4096 * 2, 4, TRN1.link_bytes_per_s, TRN1.hop_latency_s, CALIBRATION
+    )
+    assert sharded.parts["ep all-to-all"] == pytest.approx(32 * 4 * phase, rel=1e-12)
+    assert whole.parts["ep all-to-all"] == 0.0
+    held = MIXTRAL.parameters() - MIXTRAL.expert_parameters() * 3 / 4
+    ratio = sharded.parts["optimizer"] / whole.parts["optimizer"]
+    assert ratio == pytest.approx(held / MIXTRAL.parameters(), rel=1e-12)
+    assert sharded.parts["matmul"] == whole.parts["matmul"]  # the same expert work a rank
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ("llama-3.1-8b --dp 4 --ep 4", "expert parallelism needs a mixture-of-experts model"),
+        ("mixtral-8x7b --tp 4 --dp 6 --ep 3", "ep 3 does not divide the model's 8 experts"),
+        ("mixtral-8x7b --tp 8 --dp 4 --ep 3", "ep 3 does not divide dp 4 x cp 1"),
+        ("mixtral-8x7b --tp 32 --dp 2 --ep 2", "ep 2 x tp 32 x pp 1 is more than the 32 cores"),
+    ],
+)
+def test_bad_expert_layouts_are_refused_with_the_reason(argv: str, message: str, capsys) -> None:  # type: ignore[no-untyped-def]
+    assert main([*argv.split(), "--chip", "trn1"]) == 2
+    assert message in capsys.readouterr().err

@@ -66,11 +66,12 @@ class TrainingProjection:
 
 
 def model_flops(shape: Shape, tokens: int, seq: int) -> float:
-    """Training FLOPs of `tokens` tokens in sequences of `seq`: 6 per parameter and token, and
+    """Training FLOPs of `tokens` tokens in sequences of `seq`: 6 per parameter a token passes
+    through (a mixture of experts' top-k experts, not all of them) and token, and
     attention's QK^T and AV (forward and backward: 3 x 4 x seq x hidden per token and layer,
     halved by a causal mask)."""
     attention = 12.0 * seq * shape.hidden * shape.layers * (0.5 if shape.causal else 1.0)
-    return tokens * (6.0 * shape.parameters() + attention)
+    return tokens * (6.0 * shape.active_parameters() + attention)
 
 
 def project_training(

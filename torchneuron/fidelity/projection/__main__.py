@@ -70,6 +70,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="bf16")
     p.add_argument("--autocast", action="store_true", help="with --dtype fp32: mixed")
     p.add_argument("--cp", type=int, default=1, help="context parallelism (ring attention)")
+    p.add_argument("--ep", type=int, default=1, help="expert parallelism (mixture of experts)")
     p.add_argument(
         "--fsdp", action="store_true", help="FSDP (ZeRO-3): all state sharded over dp x cp"
     )
@@ -141,6 +142,7 @@ def training_layouts(a: argparse.Namespace) -> tuple[list[TrainingLayout], list[
             sequence_parallel=a.sp,
             zero1=a.zero1,
             cp=a.cp,
+            ep=a.ep,
             fsdp=a.fsdp,
             checkpointing="full" if a.grad_checkpointing else a.checkpointing,
             precision=_precision(a),
@@ -150,9 +152,10 @@ def training_layouts(a: argparse.Namespace) -> tuple[list[TrainingLayout], list[
 
 
 def inference_requests(a: argparse.Namespace) -> tuple[list[InferenceRequest], list[str]]:
-    if a.pp != 1 or a.dp != 1 or a.cp != 1 or a.fsdp:
+    if a.pp != 1 or a.dp != 1 or a.cp != 1 or a.ep != 1 or a.fsdp:
         raise ValueError(
-            "inference projects one tensor-parallel replica: --pp, --dp and --cp are 1, no --fsdp"
+            "inference projects one tensor-parallel replica: --pp, --dp, --cp and --ep are 1, "
+            "no --fsdp"
         )
 
     def build(inst: Instance) -> InferenceRequest:
@@ -175,6 +178,7 @@ def format_training(model: str, rows: list[TrainingProjection]) -> str:
         f"{model}: training, seq {first.seq}, micro-batch {first.micro_batch}, global batch "
         f"{first.global_batch} ({first.microbatches} microbatch{plural} per replica), "
         f"tp {first.tp} pp {first.pp} dp {first.dp}{f' cp {first.cp}' if first.cp > 1 else ''}"
+        f"{f' ep {first.ep}' if first.ep > 1 else ''}"
         f"{' sp' if first.sequence_parallel else ''}{' zero1' if first.zero1 else ''}"
         f"{' fsdp' if first.fsdp else ''}, checkpointing {first.checkpointing}, "
         f"{first.precision} precision",

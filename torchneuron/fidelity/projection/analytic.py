@@ -16,7 +16,8 @@ the optimizer step reads and writes its state at HBM bandwidth. Context parallel
 the sequence over cp ranks (load-balanced causal ring attention, key/value blocks passed round
 the ring behind the block computations); FSDP (ZeRO-3) gathers each layer's parameters before
 its forward and backward and reduce-scatters its gradients, each layer's collectives behind
-the previous layer's compute. Decode is the larger of its
+the previous layer's compute; expert parallelism sends a mixture of experts' tokens to their
+experts' ranks and back, four all-to-alls a layer. Decode is the larger of its
 matmul time and the time to read the weights and the KV cache of its token-generation bucket
 from HBM.
 
@@ -64,13 +65,14 @@ class TrainingLayout:
     sequence_parallel: bool = False
     zero1: bool = False
     cp: int = 1  # context parallelism: the sequence split over cp ranks
+    ep: int = 1  # expert parallelism: a mixture of experts' experts over ep of the dp x cp ranks
     fsdp: bool = False  # ZeRO-3 over the dp ranks: parameters, gradients, optimizer state
     checkpointing: str = "none"  # "none", "selective" or "full"
     precision: str = "bf16"  # "bf16" (bf16 weights), "mixed" (bf16 compute, fp32 master), "fp32"
     flash_attention: bool = True  # False: scores materialised (see _layer_forward)
 
     def __post_init__(self) -> None:
-        for name in ("nodes", "seq", "micro_batch", "global_batch", "tp", "pp", "dp", "cp"):
+        for name in ("nodes", "seq", "micro_batch", "global_batch", "tp", "pp", "dp", "cp", "ep"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         cores = self.instance.cores * self.nodes
@@ -92,6 +94,17 @@ class TrainingLayout:
             raise ValueError(f"sequence {self.seq} does not split into cp {self.cp} shards")
         if self.fsdp and self.zero1:
             raise ValueError("fsdp shards the optimizer state already (ZeRO-3): drop zero1")
+        if (self.dp * self.cp) % self.ep:
+            raise ValueError(
+                f"ep {self.ep} does not divide dp {self.dp} x cp {self.cp}: expert-parallel "
+                "groups are made of data-parallel ranks"
+            )
+        if self.ep > 1 and self.ep > self.instance.cores // (self.tp * self.pp):
+            raise ValueError(
+                f"ep {self.ep} x tp {self.tp} x pp {self.pp} is more than the "
+                f"{self.instance.cores} cores of {self.instance.name}: the model sends the "
+                "experts' all-to-alls over NeuronLink"
+            )
         if self.global_batch % (self.dp * self.micro_batch):
             raise ValueError(
                 f"global batch {self.global_batch} is not a multiple of dp {self.dp} x "
@@ -274,6 +287,20 @@ def context_exchange_seconds(
     return (layout.cp - 1) * (step + cal.collective_overhead_s)
 
 
+def expert_all_to_all_seconds(
+    shape: Shape, layout: TrainingLayout, element: int, cal: Calibration
+) -> float:
+    """One all-to-all of a mixture-of-experts layer over the ep ranks: each of the rank's
+    tokens (seq / cp a sequence) goes to its top-k experts, (ep - 1) / ep of them on other
+    ranks, as a hidden-sized vector (tokens routed evenly, no capacity padding)."""
+    if layout.ep <= 1:
+        return 0.0
+    inst = layout.instance
+    tokens = layout.micro_batch * layout.seq / layout.cp
+    size = tokens * shape.experts_per_token * shape.hidden * element
+    return collective_phase_seconds(size, layout.ep, inst.link_bytes_per_s, inst.hop_latency_s, cal)
+
+
 def fsdp_layer_seconds(
     shape: Shape, layout: TrainingLayout, cal: Calibration
 ) -> tuple[float, float]:
@@ -281,7 +308,7 @@ def fsdp_layer_seconds(
     ranks (hierarchical, as data_parallel_seconds): its parameters gathered in the compute dtype
     (BF16 unless fp32), its gradients reduce-scattered in the master weights' (FP32 unless
     bf16)."""
-    weights = shape.layer_weights_per_rank(layout.tp)
+    weights = shape.layer_weights_per_rank(layout.tp, layout.ep)
     gather = 4 if layout.precision == "fp32" else 2
     reduce = 2 if layout.precision == "bf16" else 4
     # data_parallel_seconds is two phases (reduce-scatter and all-gather) of its bytes
@@ -296,6 +323,10 @@ def training_step(
 ) -> Breakdown:
     """Seconds of one optimizer step (all microbatches of the global batch), by kind."""
     inst, tp, pp, dp = layout.instance, layout.tp, layout.pp, layout.dp
+    if layout.ep > 1 and not shape.moe:
+        raise ValueError(f"ep {layout.ep}: expert parallelism needs a mixture-of-experts model")
+    if shape.moe and shape.experts % layout.ep:
+        raise ValueError(f"ep {layout.ep} does not divide the model's {shape.experts} experts")
     fp32 = layout.precision == "fp32"
     element = 4 if fp32 else 2
     b, s, cp = layout.micro_batch, layout.seq, layout.cp
@@ -314,10 +345,16 @@ def training_step(
     # values and their gradients (twice the bytes) beside twice the work.
     ring = context_exchange_seconds(shape, layout, element, cal)
     layer.add("cp exchange", max(0.0, ring - attention) + max(0.0, 2 * ring - 2 * attention))
+    # Expert parallelism: tokens to their experts' ranks and back (dispatch and combine), in
+    # the forward and, as gradients, in the backward; each sits between the router and the
+    # experts or the experts and the next layer, so all four are exposed.
+    all_to_all = expert_all_to_all_seconds(shape, layout, element, cal)
+    layer.add("ep all-to-all", 4 * all_to_all)
     if layout.checkpointing == "full":
         layer = layer.merged(forward)
         layer.add("tp collectives", comms)
         layer.add("cp exchange", max(0.0, ring - attention))
+        layer.add("ep all-to-all", 2 * all_to_all)
     elif layout.checkpointing == "selective":
         layer.add("attention", attention)
         layer.add("cp exchange", max(0.0, ring - attention))
@@ -344,7 +381,9 @@ def training_step(
         stage.add("fsdp collectives", 2 * gather + scatter)
     step = stage.scaled(layout.microbatches + pp - 1)  # 1F1B: S - 1 slots of bubble
 
-    params_per_rank = shape.parameters() / (tp * pp)
+    # each rank holds its ep-th of the experts
+    held = shape.parameters() - shape.expert_parameters() * (1 - 1 / layout.ep)
+    params_per_rank = held / (tp * pp)
     grad_bytes = params_per_rank * (2 if layout.precision == "bf16" else 4)
     if dp * cp > 1 and not layout.fsdp:
         sync = data_parallel_seconds(grad_bytes, layout, cal)
@@ -409,7 +448,7 @@ def inference(
     ttft = shape.layers * prefill_layer + head_seconds
 
     context = mean_attended_length(request.input_len, request.output_len)
-    weights = shape.layer_weights_per_rank(tp) * request.weight_bytes
+    weights = shape.layer_decode_weights_per_rank(tp, b) * request.weight_bytes
     kv = b * context * 2 * shape.kv_heads_per_rank(tp) * shape.head_dim * 2
     memory = (weights + kv) / (inst.hbm_bytes_per_s * cal.hbm_efficiency)
     decode, _ = _layer_forward(shape, inst, b, 1, int(context), tp, False, cal)

@@ -23,16 +23,41 @@ class Shape:
     vocab: int
     gated_mlp: bool = True  # SwiGLU (three matrices) or GELU (two)
     causal: bool = True
+    experts: int = 0  # mixture of experts: MLPs per layer (0: one dense MLP)
+    experts_per_token: int = 0  # the router's top-k
 
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
 
+    @property
+    def moe(self) -> bool:
+        return self.experts > 0
+
+    def _mlp(self) -> int:
+        """Weights of one MLP (one expert's, in a mixture of experts)."""
+        return (3 if self.gated_mlp else 2) * self.hidden * self.ffn
+
+    def _mlps_per_token(self) -> int:
+        return self.experts_per_token if self.moe else 1
+
+    def expert_parameters(self) -> int:
+        """Weights of every expert MLP (0 for a dense model): what expert parallelism shards."""
+        return self.layers * self.experts * self._mlp() if self.moe else 0
+
     def parameters(self) -> int:
-        h, f = self.hidden, self.ffn
+        h = self.hidden
         attention = h * h * 2 + 2 * h * self.kv_heads * self.head_dim
-        mlp = (3 if self.gated_mlp else 2) * h * f
-        return self.layers * (attention + mlp) + 2 * self.vocab * h
+        router = h * self.experts
+        mlp = self._mlp() * (self.experts if self.moe else 1)
+        return self.layers * (attention + router + mlp) + 2 * self.vocab * h
+
+    def active_parameters(self) -> int:
+        """Weights one token passes through: a mixture of experts' top-k experts only."""
+        if not self.moe:
+            return self.parameters()
+        inactive = self.experts - self.experts_per_token
+        return self.parameters() - self.layers * inactive * self._mlp()
 
     def heads_per_rank(self, tp: int) -> int:
         """Query heads each TP rank holds: the heads padded to a multiple of tp (NxD Inference
@@ -50,17 +75,41 @@ class Shape:
             return 1
         return self.heads_per_rank(tp)
 
-    def layer_weights_per_rank(self, tp: int) -> int:
-        """Elements of one layer's projection weights on one TP rank, padded heads included."""
+    def _attention_weights_per_rank(self, tp: int) -> int:
         h, d = self.hidden, self.head_dim
-        q_and_out = 2 * h * self.heads_per_rank(tp) * d
-        kv = 2 * h * self.kv_heads_per_rank(tp) * d
-        mlp = (3 if self.gated_mlp else 2) * h * self.ffn // tp
-        return q_and_out + kv + mlp
+        return 2 * h * self.heads_per_rank(tp) * d + 2 * h * self.kv_heads_per_rank(tp) * d
+
+    def layer_weights_per_rank(self, tp: int, ep: int = 1) -> int:
+        """Elements of one layer's projection weights on one TP rank, padded heads included;
+        a mixture of experts' experts divided over `ep` expert-parallel ranks, its router
+        whole."""
+        mlps = self.experts // ep if self.moe else 1
+        return (
+            self._attention_weights_per_rank(tp)
+            + self.hidden * self.experts
+            + mlps * self._mlp() // tp
+        )
+
+    def layer_decode_weights_per_rank(self, tp: int, tokens: int) -> float:
+        """Weights one decode step of `tokens` tokens reads on one TP rank: of a mixture of
+        experts, only the experts its tokens are routed to, E x (1 - (1 - k/E)^tokens) of
+        them on average under uniform routing."""
+        if not self.moe:
+            return self.layer_weights_per_rank(tp)
+        untouched = (1 - self.experts_per_token / self.experts) ** tokens
+        touched = self.experts * (1 - untouched)
+        return (
+            self._attention_weights_per_rank(tp)
+            + self.hidden * self.experts
+            + touched * self._mlp() / tp
+        )
 
     def layer_matmul_flops(self, tokens: int, tp: int) -> float:
-        """Forward FLOPs of one layer's projections for `tokens` tokens on one TP rank."""
-        return 2.0 * tokens * self.layer_weights_per_rank(tp)
+        """Forward FLOPs of one layer's projections for `tokens` tokens on one TP rank (each
+        token through its top-k experts in a mixture of experts, and the router)."""
+        mlp = self._mlps_per_token() * self._mlp() // tp
+        per_token = self._attention_weights_per_rank(tp) + self.hidden * self.experts + mlp
+        return 2.0 * tokens * per_token
 
     def layer_attention_flops(
         self, batch: int, queries: int, keys: int, tp: int, flash: bool = True
@@ -79,7 +128,7 @@ class Shape:
         hidden_share = self.hidden / (tp if sequence_parallel else 1)
         residual_stream = 2 * 3 * hidden_share + 2 * hidden_share
         qk = 2 * (self.heads_per_rank(tp) + self.kv_heads_per_rank(tp)) * self.head_dim
-        mlp = (2 if self.gated_mlp else 1) * self.ffn / tp
+        mlp = (2 if self.gated_mlp else 1) * self.ffn / tp * self._mlps_per_token()
         return tokens * (residual_stream + qk + mlp)
 
     def head_flops(self, tokens: int, tp: int) -> float:
@@ -108,6 +157,8 @@ SHAPES = {
     "llama-3-8b": _llama(4096, 32, 32, 8, 14336, 128256),
     "llama-3-70b": _llama(8192, 80, 64, 8, 28672, 128256),
     "llama-3.1-405b": _llama(16384, 126, 128, 8, 53248, 128256),
+    # mistralai/Mixtral-8x7B-v0.1 config.json: 8 local experts, 2 per token
+    "mixtral-8x7b": Shape(4096, 32, 32, 8, 14336, 32000, experts=8, experts_per_token=2),
 }
 # Same shapes under other names.
 SHAPES["llama-3.1-8b"] = SHAPES["llama-3-8b"]
@@ -131,6 +182,11 @@ def shape_from_config(config: Any) -> Shape:
     ffn = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None)
     act = str(getattr(config, "hidden_act", getattr(config, "activation_function", "")))
     model_type = str(getattr(config, "model_type", ""))
+    # Mixture of experts (Mixtral's num_local_experts, Qwen-MoE's num_experts with its
+    # moe_intermediate_size per expert); shared experts are not modelled.
+    experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
+    if experts:
+        ffn = getattr(config, "moe_intermediate_size", None) or ffn
     return Shape(
         hidden=hidden,
         layers=int(config.num_hidden_layers),
@@ -140,6 +196,8 @@ def shape_from_config(config: Any) -> Shape:
         vocab=int(config.vocab_size),
         gated_mlp=act in ("silu", "swish") or model_type in _GATED_GELU,
         causal=model_type not in _ENCODERS,
+        experts=int(experts or 0),
+        experts_per_token=int(getattr(config, "num_experts_per_tok", 0) or 0) if experts else 0,
     )
 
 
