@@ -66,7 +66,7 @@ class TrainingLayout:
     zero1: bool = False
     cp: int = 1  # context parallelism: the sequence split over cp ranks
     ep: int = 1  # expert parallelism: a mixture of experts' experts over ep of the dp x cp ranks
-    fsdp: bool = False  # ZeRO-3 over the dp ranks: parameters, gradients, optimizer state
+    fsdp: bool = False  # ZeRO-3 over the dp x cp ranks: parameters, gradients, optimizer state
     checkpointing: str = "none"  # "none", "selective" or "full"
     precision: str = "bf16"  # "bf16" (bf16 weights), "mixed" (bf16 compute, fp32 master), "fp32"
     flash_attention: bool = True  # False: scores materialised (see _layer_forward)
@@ -195,8 +195,9 @@ def collective_phase_seconds(
 
 def data_parallel_seconds(grad_bytes: float, layout: TrainingLayout, cal: Calibration) -> float:
     """Gradient reduce-scatter and parameter all-gather (or an all-reduce: the same traffic)
-    over the dp ranks, hierarchically: among the dp ranks inside an instance over NeuronLink,
-    then among instances over EFA, which every rank of an instance shares."""
+    over the ranks holding the same weights (dp x cp), hierarchically: among those inside an
+    instance over NeuronLink, then among instances over EFA, which every rank of an instance
+    shares."""
     inst, dp = layout.instance, layout.dp * layout.cp  # cp ranks hold the same weights
     per_replica = layout.tp * layout.pp
     local = max(1, min(dp, inst.cores // per_replica))  # dp ranks inside one instance
