@@ -31,7 +31,7 @@ CP_CASES = [name for name, case in CASES.items() if case.context_parallel]
 CP_LINE = re.compile(r"rank (\d) (\w+) (ulysses|ring|unified) max_diff=([0-9.e+-]+)")
 
 
-def _torchrun(script: str, cases: list[str], logs: Path, ranks: int = 2) -> str:
+def _ranks(script: str, cases: list[str], logs: Path, ranks: int = 2) -> str:
     """tests/support/`script` on `ranks` ranks for `cases` as torchrun starts them, forked from
     a process that has imported torch (tests/support/ranks.py::run_script); their stdout."""
     return run_script(Path(__file__).parent / "support" / script, cases, ranks, logs)
@@ -39,7 +39,7 @@ def _torchrun(script: str, cases: list[str], logs: Path, ranks: int = 2) -> str:
 
 def test_tensor_parallel_matches_one_device(tmp_path: Path) -> None:
     assert TP_CASES == ["flux", "flux2", "flux2_klein", "qwenimage", "qwenimage21"]
-    stdout = _torchrun("diffusers_tp_rank.py", TP_CASES, tmp_path)
+    stdout = _ranks("diffusers_tp_rank.py", TP_CASES, tmp_path)
     results = {(int(r), name): (int(n), float(d)) for r, name, n, d in LINE.findall(stdout)}
     assert set(results) == {(rank, name) for rank in (0, 1) for name in TP_CASES}, stdout
     for (rank, name), (sharded, diff) in results.items():
@@ -49,7 +49,7 @@ def test_tensor_parallel_matches_one_device(tmp_path: Path) -> None:
 
 def test_context_parallel_ring_and_ulysses_match_one_device(tmp_path: Path) -> None:
     assert CP_CASES == ["flux", "flux2", "flux2_klein", "qwenimage", "wan"]
-    stdout = _torchrun("diffusers_cp_rank.py", CP_CASES, tmp_path)
+    stdout = _ranks("diffusers_cp_rank.py", CP_CASES, tmp_path)
     results = {(int(r), name, mode): float(d) for r, name, mode, d in CP_LINE.findall(stdout)}
     # and MiniMax-H3's pipeline and four transformers alone (diffusers_cp_rank.py, 2 ranks only)
     models = [*CP_CASES, "minimax_h3", "ltx", "ltx2", "helios", "chronoedit"]
@@ -63,7 +63,7 @@ def test_unified_context_parallel_on_four_ranks_matches_one_device(tmp_path: Pat
     """ContextParallelConfig(ring_degree=2, ulysses_degree=2): heads exchanged all-to-all within
     each pair of ranks, key/value blocks rotated in a ring between the pairs, on every model of
     the two-rank test (Wan at its second resolution, whose sequence divides into 4 shards)."""
-    stdout = _torchrun("diffusers_cp_rank.py", CP_CASES, tmp_path, ranks=4)
+    stdout = _ranks("diffusers_cp_rank.py", CP_CASES, tmp_path, ranks=4)
     results = {(int(r), name, mode): float(d) for r, name, mode, d in CP_LINE.findall(stdout)}
     models = [*CP_CASES, "minimax_h3", "ltx", "ltx2", "helios", "chronoedit"]
     assert set(results) == {(r, n, "unified") for r in range(4) for n in models}, stdout
