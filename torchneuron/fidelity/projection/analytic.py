@@ -360,11 +360,11 @@ def training_step(
         layer.add("attention", attention)
         layer.add("cp exchange", max(0.0, ring - attention))
     sharded = layout.fsdp and dp * cp > 1  # FSDP's mesh holds the cp ranks too (TorchTitan)
+    gather, scatter = fsdp_layer_seconds(shape, layout, cal) if sharded else (0.0, 0.0)
     if sharded:
         # FSDP2 prefetches: a layer's all-gather runs during the previous layer's forward, its
         # gradients' reduce-scatter and the next all-gather during the following layer's
         # backward; per microbatch, since gradients are reduced after each backward.
-        gather, scatter = fsdp_layer_seconds(shape, layout, cal)
         compute = forward.total
         layer.add("fsdp collectives", max(0.0, gather - compute))
         layer.add("fsdp collectives", max(0.0, gather + scatter - 2 * compute))
@@ -378,7 +378,6 @@ def training_step(
     if sharded:
         # the first layer's gather of each pass, and the last reduce-scatter, have nothing
         # before or after them to hide behind
-        gather, scatter = fsdp_layer_seconds(shape, layout, cal)
         stage.add("fsdp collectives", 2 * gather + scatter)
     step = stage.scaled(layout.microbatches + pp - 1)  # 1F1B: S - 1 slots of bubble
 

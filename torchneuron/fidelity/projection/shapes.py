@@ -75,20 +75,18 @@ class Shape:
             return 1
         return self.heads_per_rank(tp)
 
-    def _attention_weights_per_rank(self, tp: int) -> int:
+    def _non_mlp_weights_per_rank(self, tp: int) -> int:
+        """A layer's attention projections on one TP rank and its router (if any)."""
         h, d = self.hidden, self.head_dim
-        return 2 * h * self.heads_per_rank(tp) * d + 2 * h * self.kv_heads_per_rank(tp) * d
+        attention = 2 * h * self.heads_per_rank(tp) * d + 2 * h * self.kv_heads_per_rank(tp) * d
+        return attention + h * self.experts
 
     def layer_weights_per_rank(self, tp: int, ep: int = 1) -> int:
         """Elements of one layer's projection weights on one TP rank, padded heads included;
         a mixture of experts' experts divided over `ep` expert-parallel ranks, its router
         whole."""
         mlps = self.experts // ep if self.moe else 1
-        return (
-            self._attention_weights_per_rank(tp)
-            + self.hidden * self.experts
-            + mlps * self._mlp() // tp
-        )
+        return self._non_mlp_weights_per_rank(tp) + mlps * self._mlp() // tp
 
     def layer_decode_weights_per_rank(self, tp: int, tokens: int) -> float:
         """Weights one decode step of `tokens` tokens reads on one TP rank: of a mixture of
@@ -98,18 +96,13 @@ class Shape:
             return self.layer_weights_per_rank(tp)
         untouched = (1 - self.experts_per_token / self.experts) ** tokens
         touched = self.experts * (1 - untouched)
-        return (
-            self._attention_weights_per_rank(tp)
-            + self.hidden * self.experts
-            + touched * self._mlp() / tp
-        )
+        return self._non_mlp_weights_per_rank(tp) + touched * self._mlp() / tp
 
     def layer_matmul_flops(self, tokens: int, tp: int) -> float:
         """Forward FLOPs of one layer's projections for `tokens` tokens on one TP rank (each
         token through its top-k experts in a mixture of experts, and the router)."""
         mlp = self._mlps_per_token() * self._mlp() // tp
-        per_token = self._attention_weights_per_rank(tp) + self.hidden * self.experts + mlp
-        return 2.0 * tokens * per_token
+        return 2.0 * tokens * (self._non_mlp_weights_per_rank(tp) + mlp)
 
     def layer_attention_flops(
         self, batch: int, queries: int, keys: int, tp: int, flash: bool = True
