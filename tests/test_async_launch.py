@@ -254,6 +254,50 @@ def test_python_threads_launch_concurrently() -> None:
         torch.testing.assert_close(results[k], ref, rtol=1e-4, atol=1e-4)
 
 
+_ONE_TEAM_PROGRAM = """
+import os
+# libgomp reads the affinity mask when it loads (with torch): two CPUs on every host.
+os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
+import threading
+import torch, torchneuron
+
+torch.set_num_threads(2)
+def names():
+    # a thread takes its creator's name: the worker's OpenMP team would be "neuron-stream"
+    return [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+a = torch.randn(1024, 1024)
+(a @ a).sum()  # the caller's OpenMP team
+before = names().count("python")
+x = torch.randn(1 << 20).to("neuron")
+y = torch.sort(x * 2 + x.exp())[0].cumsum(0)
+w = (x.reshape(1024, 1024) @ x.reshape(1024, 1024).T).softmax(-1)
+expected = torch.sort(x.cpu() * 2 + x.cpu().exp())[0].cumsum(0)
+torch.testing.assert_close(y.cpu(), expected)
+torch.testing.assert_close(w.cpu(), (a := x.cpu().reshape(1024, 1024)).matmul(a.T).softmax(-1))
+after = names()
+print("caller threads", before, after.count("python"))
+print("device threads", after.count("neuron-stream"))
+seen = []
+thread = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+thread.start()
+thread.join()
+print("a new thread's default", seen[0])
+"""
+
+
+def test_the_worker_opens_no_openmp_team_beside_the_callers_on_two_cpus() -> None:
+    # With two teams on two CPUs libgomp stops every idle team thread from spinning, and each
+    # parallel region of the caller's CPU work then waits for a wake-up (aten_parallel.h).
+    result = run_python(_ONE_TEAM_PROGRAM)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    before, after = lines[0].split()[-2:]
+    assert before == after, result.stdout
+    assert lines[1] == "device threads 1", result.stdout  # the worker alone, no team of its own
+    # the worker sets its own threads only: threads started later keep the caller's default
+    assert lines[2] == "a new thread's default 2", result.stdout
+
+
 _ERROR_PROGRAM = """
 import torch, torchneuron
 table = torch.randn(100_000, 4, device="neuron")  # 1.6 MB: launched asynchronously

@@ -8,6 +8,8 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#include "cpu_features.h"
 #if defined(__linux__)
 #include <linux/futex.h>
 #endif
@@ -86,17 +88,6 @@ void futex_wake_all(std::atomic<uint32_t>* word) {
 #else
   (void)word;
 #endif
-}
-
-// CPUs this process may run on.
-int usable_cpus() {
-#if defined(__linux__)
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
-#endif
-  const long n = sysconf(_SC_NPROCESSORS_ONLN);
-  return n > 0 ? static_cast<int>(n) : 1;
 }
 
 const char* const kCollectiveNames[] = {"barrier",        "all_reduce", "all_gather",
@@ -197,7 +188,8 @@ ShmGroup::ShmGroup(const GroupOptions& options)
   }
   // Everyone is attached: drop the name, so nothing is left behind when processes exit.
   segment_.unlink();
-  spin_budget_ = size_ > usable_cpus() ? std::chrono::microseconds(0) : kSpinBudget;
+  spin_budget_ =
+      size_ > neuron::kernels::usable_cpus() ? std::chrono::microseconds(0) : kSpinBudget;
   for (int r = 0; r < size_; ++r) {
     peer_visible_[r] = pid_namespace != 0 && header()->ranks[r].pid_namespace.load(
                                                  std::memory_order_relaxed) == pid_namespace;

@@ -6,6 +6,11 @@
 #include <cstring>
 #include <stdexcept>
 
+#if defined(__linux__)
+#include <sched.h>
+#endif
+#include <unistd.h>
+
 #if defined(__x86_64__) || defined(_M_X64)
 #include <cpuid.h>
 #include <sys/syscall.h>
@@ -122,6 +127,16 @@ const char* isa_name(IsaLevel level) {
       return "amx_bf16";
   }
   return "unknown";
+}
+
+int usable_cpus() {
+#if defined(__linux__)
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+#endif
+  const long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 1;
 }
 
 }  // namespace neuron::kernels

@@ -29,4 +29,7 @@ IsaLevel isa_level();
 
 const char* isa_name(IsaLevel level);
 
+// CPUs this process may run on (its affinity mask; else the online count). Read each call.
+int usable_cpus();
+
 }  // namespace neuron::kernels

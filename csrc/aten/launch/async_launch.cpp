@@ -24,6 +24,10 @@
 #include <utility>
 #include <vector>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "device/device_state.h"
 #include "device/runtime_status.h"
 #include "device/stream_state.h"
@@ -31,7 +35,13 @@
 #include "launch/launch_spec.h"
 #include "memory/caching_allocator.h"
 #include "memory/host_alias.h"
+#include "native/aten_parallel.h"
 #include "profiler/device_activity.h"
+
+// MKL's per-thread setting (the C entry point; mkl_set_num_threads_local is its Fortran one,
+// taking a pointer), exported by libtorch_cpu where PyTorch is built with MKL; weak,
+// so builds without MKL load (the pointer is null there).
+extern "C" int MKL_Set_Num_Threads_Local(int threads) __attribute__((weak));
 
 namespace torchneuron {
 namespace {
@@ -120,6 +130,16 @@ class Snapshots {
   c10::SmallVector<std::pair<const c10::StorageImpl*, c10::Storage>, 4> storages_;
 };
 
+// This (worker) thread's intra-op threads for OpenMP and MKL. Not at::set_num_threads: it
+// also sets the default of threads started later, resizes XNNPACK's pool and empties
+// oneDNN's cache, all process-wide settings that are the caller's.
+void set_worker_intra_op_threads(int threads) {
+#ifdef _OPENMP
+  omp_set_num_threads(threads);
+#endif
+  if (MKL_Set_Num_Threads_Local != nullptr) MKL_Set_Num_Threads_Local(threads);
+}
+
 // One launched op, owned by its task.
 struct LaunchedOp {
   c10::OperatorHandle op;
@@ -143,7 +163,7 @@ struct LaunchedOp {
     tls_on_worker = true;
     if (current_device() != device) set_device(device);
     if (current_stream(device) != stream) exchange_stream(stream);
-    if (at::get_num_threads() != threads) at::set_num_threads(threads);
+    if (at::get_num_threads() != threads) set_worker_intra_op_threads(threads);
     std::optional<c10::InferenceMode> inference;
     if (inference_mode) inference.emplace();
     const c10::AutoGradMode grad_mode(grad_enabled);
@@ -306,17 +326,18 @@ bool launch_async(const c10::OperatorHandle& op, torch::jit::Stack* stack, c10::
     }
   }
 
-  auto launched = std::make_unique<LaunchedOp>(LaunchedOp{op,
-                                                          &plan,
-                                                          {},
-                                                          {},
-                                                          {},
-                                                          device,
-                                                          current_stream(device),
-                                                          at::get_num_threads(),
-                                                          current_launch_correlation(),
-                                                          c10::GradMode::is_enabled(),
-                                                          c10::InferenceMode::is_enabled()});
+  auto launched =
+      std::make_unique<LaunchedOp>(LaunchedOp{op,
+                                              &plan,
+                                              {},
+                                              {},
+                                              {},
+                                              device,
+                                              current_stream(device),
+                                              worker_intra_op_threads(at::get_num_threads()),
+                                              current_launch_correlation(),
+                                              c10::GradMode::is_enabled(),
+                                              c10::InferenceMode::is_enabled()});
   std::vector<c10::IValue> results;  // what the caller gets
   results.reserve(spec->results.size());
   Snapshots snapshots;

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 
+#include "cpu_features.h"
 #include "gemm.h"  // ParallelFor, serial_for
 #include "task_board.h"
 
@@ -19,6 +20,19 @@ namespace torchneuron {
 // one waiting thread: as many cores, without competing with the caller's Python); beyond,
 // PyTorch's pool has more threads to give.
 constexpr int kBoardThreads = 2;
+
+// The intra-op threads PyTorch's CPU kernels get on a stream's worker. libgomp gives every
+// thread that opens a parallel region a team of its own, and once the teams of a process
+// hold more threads than it has CPUs, every team's idle threads sleep at once instead of
+// spinning, so each later region of every team (the caller's CPU work as much as the
+// worker's) first waits for a wake-up: on a 2-vCPU KVM guest a 3 MFLOP torch.mm on the
+// caller went from 18 to 90 us inside a kernel. Where the board already puts the worker's
+// native kernels on every CPU, the worker opens no team (PyTorch's kernels run serially
+// on it, the caller keeps the only one); with more CPUs, the caller's count.
+inline int worker_intra_op_threads(int caller_threads) {
+  static const int cpus = neuron::kernels::usable_cpus();
+  return cpus <= kBoardThreads ? 1 : caller_threads;
+}
 
 // at::parallel_for's threads for a problem of `work` units (multiply-adds, elements read)
 // once it is at least `serial_below`; smaller ones, one thread, or a call already inside a
