@@ -47,11 +47,12 @@ CASES = [
 ]
 
 
-# Kernels whose PSUM accumulation chains the compiled path fuses into one matmul each.
+# Kernels whose PSUM accumulation chains the compiled path fuses into one matmul each, and
+# whose 2x2 grid of output blocks then merges into one matmul: the whole kernel is one GEMM.
 FUSED_CHAINS = {"matmul_new", "matmul_legacy"}
 # Kernels without a run of row-wise instructions over >= 65536 elements at these sizes (every
 # other kernel has one, which by default is a C++ row program).
-NUMPY_ONLY = {"transpose2d_legacy", "avgpool_legacy"}
+NUMPY_ONLY = {"transpose2d_legacy", "avgpool_legacy", *FUSED_CHAINS}
 
 
 @pytest.fixture(params=["never", "auto"], ids=["numpy-program", "default"])
@@ -80,7 +81,9 @@ def test_kernel_matches_reference_and_compiled_equals_interpreter(
         return
     if name in FUSED_CHAINS:
         source = next(iter(kernel._cache.values())).program.source
-        assert source.count("torch.mm") == 4, source  # 2x2 output tiles, K folded: 4 matmuls
+        assert source.splitlines()[1:] == [  # 2x2 output tiles, K folded: one matmul
+            "    torch.mm(_t(a0[K2]).T, _t(a1[K3]), out=_t(o0[K4]))"
+        ], source
         # |a.T @ b| entries here are ~sqrt(K)=16; a K=256 float32 sum reordered differs by
         # at most a few ulps of the partial sums: 1e-5 relative, 1e-4 absolute.
         np.testing.assert_allclose(first, interpreted, rtol=1e-5, atol=1e-4)
@@ -163,6 +166,39 @@ def test_chain_is_not_fused_when_the_kernel_overwrites_its_operand_in_between():
     np.testing.assert_allclose(interpreted, expected, rtol=1e-5, atol=1e-4)
     overwrite_between(lhs_t, rhs.copy())
     np.testing.assert_array_equal(overwrite_between(lhs_t, rhs.copy()), interpreted)
+
+
+def test_output_blocks_of_different_contractions_are_not_merged_into_one_matmul():
+    from torchneuron import nki
+    from torchneuron.nki import isa as nisa
+    from torchneuron.nki import language as nl
+
+    @nki.jit
+    def two_contractions(lhs_t, rhs):
+        # row block 0 of the product over K's 3 row blocks, row block 1 over its first 2: two
+        # fused chains writing a grid of blocks, which one matmul over K would get wrong
+        out = nl.ndarray((256, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        for m in nl.static_range(2):
+            acc = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.psum)
+            for blk in nl.static_range(3 - m):
+                a = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+                b = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.dma_copy(
+                    dst=a, src=lhs_t[blk * 128 : (blk + 1) * 128, m * 128 : (m + 1) * 128]
+                )
+                nisa.dma_copy(dst=b, src=rhs[blk * 128 : (blk + 1) * 128, :])
+                nisa.nc_matmul(dst=acc, stationary=a, moving=b)
+            nl.store(out[m * 128 : (m + 1) * 128, :], value=nl.copy(acc))
+        return out
+
+    lhs_t, rhs = _f32(384, 256), _f32(384, 512)
+    expected = np.concatenate([lhs_t[:, :128].T @ rhs, lhs_t[:256, 128:].T @ rhs[:256]])
+    interpreted = two_contractions.interpret(lhs_t, rhs)
+    np.testing.assert_allclose(interpreted, expected, rtol=1e-5, atol=1e-4)
+    two_contractions(lhs_t, rhs)
+    source = next(iter(two_contractions._cache.values())).program.source
+    assert source.count("torch.mm") == 2, source  # one per row block
+    np.testing.assert_allclose(two_contractions(lhs_t, rhs), interpreted, rtol=1e-5, atol=1e-4)
 
 
 def test_bfloat16_psum_product_is_rounded_before_the_accumulate():

@@ -250,13 +250,15 @@ class _Builder:
             return False
         if self.storage_dtype(dst) != np.float32:
             return False
-        if self.launch.roles[dst.sid][0] != "scratch":
-            return False  # written through a torch view: only tiles we own (HBM: generic)
+        if self.launch.roles[dst.sid][0] == "input":
+            return False  # written through a torch view: tiles and outputs (inputs: generic)
         for ref in [*refs, dst]:
             if self.launch.roles[ref.sid][0] == "scratch":
                 view = resolve_keys(self.slot_of[ref.sid], ref.keys)
-                if any(stride < 0 for stride in view.strides):
-                    return False  # torch.from_numpy takes no negative strides
+            else:
+                view = resolve_keys(self.launch.arrays[ref.sid], ref.keys)
+            if any(stride < 0 for stride in view.strides):
+                return False  # torch.from_numpy takes no negative strides
         stationary, moving = (self.torch_operand(x) for x in refs)
         target = self.torch_operand(dst)
         if mode == "set":
@@ -423,7 +425,8 @@ def written_before_read(launch: Launch, n_outputs: int) -> list[bool]:
 
 def _planned_steps(launch: Launch, chunk_bytes: int | None) -> list[Step]:
     steps = loop_batching.batch_loops(launch, fusion.plan(launch, launch.steps or []), chunk_bytes)
-    return fusion.store_in_place(launch, fusion.elide_loads(launch, steps))
+    steps = fusion.store_in_place(launch, fusion.elide_loads(launch, steps))
+    return fusion.merge_matmul_grid(launch, steps)
 
 
 def build(launch: Launch, n_inputs: int, n_outputs: int) -> CompiledKernel:

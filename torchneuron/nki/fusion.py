@@ -1,6 +1,6 @@
 """Rewrites of a recorded kernel before code generation (the compiled path only).
 
-Two rewrites of Tensor Engine work, both found in every tiled-matmul style kernel:
+Three rewrites of Tensor Engine work, all found in tiled-matmul style kernels:
 
 * **PSUM accumulate folding** (exact). ``acc += nc_matmul(a, b)`` records a matmul into a
   fresh PSUM tile and then an add of that tile into ``acc``; when the fresh tile is used
@@ -12,7 +12,13 @@ Two rewrites of Tensor Engine work, both found in every tiled-matmul style kerne
   contraction read straight from HBM: ``lhs_t[0:K, m-block].T @ rhs[0:K, n-block]``. The
   DMAs into the now unread SBUF tiles are dropped. The sum over the contraction is then
   ordered by the host BLAS rather than block by block, so results match the interpreter
-  to float32 rounding (relative error ~ K * 2**-24), not bit for bit.
+  to float32 rounding (relative error ~ K * 2**-24), not bit for bit. A zero fill of the
+  PSUM tile just before the chain goes too (the sum is stored, not added to zeros).
+* **Matmul grids** (reassociated, :func:`merge_matmul_grid`). Consecutive chains writing
+  the blocks ``out[m, n]`` of one output from column blocks m and n of the same two HBM
+  tensors over the same contraction rows, the blocks tiling a rectangle, are one matmul.
+
+Besides these, :func:`elide_loads` and :func:`store_in_place` drop copies (exact).
 
 Tile contents are not observable outside a kernel, only HBM is; a rewrite applies only
 when no step in between touches the tiles and tensors it reorders.
@@ -236,7 +242,35 @@ def _fuse_one(
     first = steps[chain[0]]
     assert first is not None
     dst, _, mode = first.outs[0]
+    zeroed = _zero_fill_before(launch, steps, uses, dst, chain[0])
+    if mode == "acc" and zeroed is not None:
+        mode = "set"  # the sum added to zeros is the sum (the fill is dropped)
+        copies.append(zeroed)
     return Step(fused_matmul_fn, [fused[0], fused[1]], [(dst, None, mode)], "tensor"), copies
+
+
+def _zero_fill_before(
+    launch: Launch, steps: list[Step | None], uses: dict[int, list[int]], dst: Ref, at: int
+) -> int | None:
+    """The step that filled all of tile `dst` with zeros just before its use at `at`."""
+    if not _whole(dst) or launch.roles[dst.sid][0] != "scratch":
+        return None
+    seen = uses[dst.sid]
+    where = seen.index(at)
+    if where == 0:
+        return None
+    fill = steps[seen[where - 1]]
+    if fill is None or getattr(fill.fn, "lowering", None) not in (("fill", 0), ("fill", 0.0)):
+        return None
+    out = _plain_out(fill)
+    if out is None or out[1] != "set" or out[0] != dst:
+        return None
+    return seen[where - 1]
+
+
+def _is_copy(step: Step) -> bool:
+    """A copy's body: the interpreter's identity, or nl.copy (float32 in, float32 out)."""
+    return step.fn is _identity or getattr(step.fn, "lowering", None) == ("unary", "copy")
 
 
 def plan(launch: Launch, steps: list[Step]) -> list[Step]:
@@ -316,7 +350,16 @@ def elide_loads(launch: Launch, steps: list[Step]) -> list[Step]:
 def store_in_place(launch: Launch, steps: list[Step]) -> list[Step]:
     """A float32 tile written whole by one instruction and then only stored (copied) to an
     output is not materialised: the instruction writes the output rows directly (the
-    values are the same; this saves a pass over the data)."""
+    values are the same; this saves a pass over the data). Repeated while it applies, so a
+    chain of copies (PSUM -> SBUF -> HBM) ends at its first producer."""
+    while True:
+        rewritten = _store_in_place_once(launch, steps)
+        if rewritten is steps:
+            return steps
+        steps = rewritten
+
+
+def _store_in_place_once(launch: Launch, steps: list[Step]) -> list[Step]:
     writers: dict[int, list[int]] = defaultdict(list)
     readers: dict[int, list[int]] = defaultdict(list)
     for n, step in enumerate(steps):
@@ -328,7 +371,7 @@ def store_in_place(launch: Launch, steps: list[Step]) -> list[Step]:
     redirect: dict[int, tuple[int, Ref]] = {}  # writer step -> (tile sid, output access)
     drop: set[int] = set()
     for n, step in enumerate(steps):
-        if step.fn is not _identity or len(step.outs) != 1 or len(step.ins) != 1:
+        if not _is_copy(step) or len(step.outs) != 1 or len(step.ins) != 1:
             continue
         (src,), (dst, mask, mode) = step.ins, step.outs[0]
         if not isinstance(src, Ref) or mask is not None or mode != "set" or dst.adv is not None:
@@ -371,3 +414,108 @@ def store_in_place(launch: Launch, steps: list[Step]) -> list[Step]:
             step = dataclasses.replace(step, outs=outs)
         result.append(step)
     return result
+
+
+def merge_matmul_grid(launch: Launch, steps: list[Step]) -> list[Step]:
+    """Consecutive contraction chains, each writing one block of an output from column
+    blocks of the same two HBM tensors over the same contraction rows
+    (``out[m, n] = lhs_t[k, m].T @ rhs[k, n]``), whose blocks tile a rectangle of the output,
+    are one matmul over that rectangle: a tiled matmul's (m, n) loops become one host GEMM.
+    Sums are reassociated as in a chain (float32 rounding); allocations between them move
+    ahead of it (they touch none of its tensors)."""
+    result: list[Step] = []
+    n = 0
+    while n < len(steps):
+        run = _grid_run(launch, steps, n)
+        merged = _merged(launch, [steps[i] for i in run]) if len(run) > 1 else None
+        if merged is None:
+            result.append(steps[n])
+            n += 1
+            continue
+        end = run[-1] + 1
+        result.extend(steps[i] for i in range(n, end) if i not in run)  # allocations
+        result.append(merged)
+        n = end
+    return result
+
+
+def _grid_run(launch: Launch, steps: list[Step], start: int) -> list[int]:
+    """Indices of the chains from `start` on with one signature (allocations skipped)."""
+    first = _chain_signature(launch, steps[start])
+    run: list[int] = []
+    for n in range(start, len(steps)):
+        step = steps[n]
+        if step.engine == "alloc" and run:
+            continue
+        if first is None or _chain_signature(launch, step) != first:
+            break
+        run.append(n)
+    return run
+
+
+def _chain_signature(launch: Launch, step: Step) -> tuple[Any, ...] | None:
+    """(lhs, rhs, out, contraction rows) of a chain writing an HBM output block, or None."""
+    if step.fn is not fused_matmul_fn or len(step.outs) != 1 or len(step.ins) != 2:
+        return None
+    dst, mask, mode = step.outs[0]
+    if mask is not None or mode != "set" or launch.roles[dst.sid][0] != "output":
+        return None
+    blocks = [_block(launch, x) for x in (*step.ins, dst)]
+    if any(b is None for b in blocks):
+        return None
+    lhs, rhs = step.ins
+    if dst.sid in (lhs.sid, rhs.sid) or blocks[0][0] != blocks[1][0]:  # type: ignore[index]
+        return None
+    return lhs.sid, rhs.sid, dst.sid, blocks[0][0]  # type: ignore[index]
+
+
+def _block(launch: Launch, ref: Any) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """(rows, columns) of a 2-D tensor's one basic-slice view, as [start, stop) pairs."""
+    if not isinstance(ref, Ref) or ref.adv is not None or ref.stacked or len(ref.keys) != 1:
+        return None
+    key, array = ref.keys[0], launch.arrays[ref.sid]
+    if not isinstance(key, tuple) or len(key) != 2 or array.ndim != 2:
+        return None
+    if not all(isinstance(k, slice) and k.step in (None, 1) for k in key):
+        return None
+    rows, cols = (k.indices(size)[:2] for k, size in zip(key, array.shape, strict=True))
+    return rows, cols
+
+
+def _merged(launch: Launch, chains: list[Step]) -> Step | None:
+    ms: set[tuple[int, int]] = set()
+    ns: set[tuple[int, int]] = set()
+    pairs: set[tuple[tuple[int, int], tuple[int, int]]] = set()
+    for step in chains:
+        lhs, rhs, dst = (_block(launch, x) for x in (*step.ins, step.outs[0][0]))
+        assert lhs is not None and rhs is not None and dst is not None
+        if dst != (lhs[1], rhs[1]):
+            return None  # the block is not the product of those columns
+        ms.add(lhs[1])
+        ns.add(rhs[1])
+        pairs.add(dst)
+    if len(pairs) != len(chains) or len(pairs) != len(ms) * len(ns):
+        return None
+    m_span, n_span = _contiguous(ms), _contiguous(ns)
+    if m_span is None or n_span is None:
+        return None
+    head = chains[0]
+    lhs, rhs = head.ins
+    dst = head.outs[0][0]
+    k_rows = slice(*_block(launch, lhs)[0])  # type: ignore[index]
+    return Step(
+        fused_matmul_fn,
+        [
+            Ref(lhs.sid, ((k_rows, slice(*m_span)),), None),
+            Ref(rhs.sid, ((k_rows, slice(*n_span)),), None),
+        ],
+        [(Ref(dst.sid, ((slice(*m_span), slice(*n_span)),), None), None, "set")],
+        "tensor",
+    )
+
+
+def _contiguous(ranges: set[tuple[int, int]]) -> tuple[int, int] | None:
+    ordered = sorted(ranges)
+    if any(a[1] != b[0] for a, b in zip(ordered, ordered[1:], strict=False)):
+        return None
+    return ordered[0][0], ordered[-1][1]

@@ -198,7 +198,7 @@ def launch_device(values: list[Any]) -> Any:
     """The device results go to: a neuron tensor's device, else CPU for tensors, else None."""
     device = None
     for value in values:
-        if is_tensor(value):
+        if not isinstance(value, np.ndarray) and is_tensor(value):
             if value.device.type == "neuron":
                 if device is not None and device.type == "neuron" and device != value.device:
                     raise NkiError(

@@ -408,8 +408,16 @@ def operand(value: Any) -> Any:
     return value
 
 
-def _compiled_mode(mode: str) -> str:
-    return "acc" if mode == "acc_after_first" else mode
+def _recorded_mode(tile: Tile, mode: str, mask: Any) -> str:
+    """The write mode the compiled program replays: "acc_after_first" is "acc" there (its
+    tiles start as zeros), or "set" when no element of the unmasked view was written yet
+    (then the product is stored, not added to zeros: same values, one pass fewer)."""
+    if mode != "acc_after_first":
+        return mode
+    fresh = _fresh_view(tile)
+    if fresh is not None and mask is None and tile.adv is None and fresh.all():
+        return "set"
+    return "acc"
 
 
 def execute(
@@ -426,6 +434,12 @@ def execute(
     result = fn(*args)
     if len(outs) == 1:
         result = (result,)
+    # Before the writes: an accumulate-after-first write to a view nothing has written yet
+    # overwrites all of it, and is recorded as the plain write it is.
+    modes = [
+        _recorded_mode(tile, mode, mask) if launch.steps is not None else mode
+        for tile, mask, mode in outs
+    ]
     for (tile, mask, mode), value in zip(outs, result, strict=True):
         write(tile, value, mask, mode)
     launch.usage.instructions[engine] += 1
@@ -435,10 +449,9 @@ def execute(
             Step(
                 fn,
                 [launch.ref(x, masked) if isinstance(x, Tile) else x for x in ins],
-                # "acc_after_first" is "acc" there: its fresh tiles are filled with zeros
                 [
-                    (launch.ref(t, mask is not None), mask, _compiled_mode(mode))
-                    for t, mask, mode in outs
+                    (launch.ref(t, mask is not None), mask, mode)
+                    for (t, mask, _), mode in zip(outs, modes, strict=True)
                 ],
                 engine,
                 loops=tuple(launch.loop_stack),

@@ -82,6 +82,7 @@ class Kernel:
         self.grid = grid
         self.options = options
         self._cache: dict[Any, _Compiled] = {}
+        self._launches: dict[tuple[int, ...], Kernel] = {}  # kernel[grid], by grid
         self.last_usage: Usage | None = None
         functools.update_wrapper(self, fn)
 
@@ -91,10 +92,14 @@ class Kernel:
             ints = tuple(int(d) for d in dims)
         except TypeError:
             raise NkiError(f"a launch grid is one or more positive ints, got {grid!r}") from None
-        if not ints or any(d < 1 for d in ints):
-            raise NkiError(f"a launch grid is one or more positive ints, got {grid!r}")
-        launched = Kernel(self.fn, self.mode, ints, **self.options)
-        launched._cache = self._cache  # one cache per kernel; the grid is part of the key
+        launched = self._launches.get(ints)
+        if launched is None:
+            if not ints or any(d < 1 for d in ints):
+                raise NkiError(f"a launch grid is one or more positive ints, got {grid!r}")
+            launched = Kernel(self.fn, self.mode, ints, **self.options)
+            launched._cache = self._cache  # one cache per kernel; the grid is part of the key
+            launched._launches = self._launches
+            self._launches[ints] = launched  # `kernel[g](...)` in a loop builds it once
         return launched
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -122,8 +127,8 @@ class Kernel:
         # hand-offs on a shared host. The compiled path leaves the thread count alone:
         # changing it is global, and every torch op after the kernel then paid for the
         # OpenMP pool's resize (a 0.4 ms linear took 30 ms on a loaded host).
-        threads = torch.get_num_threads()
-        toggle = threads != 1 and not compiled
+        threads = 1 if compiled else torch.get_num_threads()
+        toggle = threads != 1
         if toggle:
             torch.set_num_threads(1)
         try:
