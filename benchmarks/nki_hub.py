@@ -42,6 +42,10 @@ def main() -> None:
     torch.manual_seed(0)
     replace_kernel_forward_from_hub(ViTAttention, "ViTAttention")
     repo = LocalLayerRepository(repo_path=REPO, layer_name="ViTAttention")
+    import torchneuron
+
+    host = torchneuron._C._kernel_isa()
+    print(f"CPU: {host['model']}, ISA {host['isa']}; torch threads {torch.get_num_threads()}")
     x = torch.randn(args.batch, 197, 384).to("neuron")
     print(f"ViTAttention forward, batch {args.batch}x197x384 on neuron (best of {args.repeat})")
     for implementation in ("eager", "sdpa"):

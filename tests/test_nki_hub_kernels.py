@@ -117,3 +117,19 @@ def test_vit_fused_attention_swapped_in_matches_the_model():
     assert counter.calls == 2  # one fused attention per encoder layer
     assert got.device.type == "neuron"
     torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_vit_attention_kernel_at_vit_s_length_fuses_each_query_tiles_products():
+    # 197 tokens (ViT-S/16): two key blocks per query tile. Compiled, each tile's P@V over
+    # nc_transpose'd probability blocks and v[b, h, rows, :] is one matmul (fusion.py).
+    module = kernels.get_local_kernel(REPO)
+    q, k, v = (torch.randn(1, 197, 2, 64) for _ in range(3))
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), scale=0.125
+    ).transpose(1, 2)
+    args = (q.permute(0, 2, 3, 1), k.permute(0, 2, 3, 1), v.permute(0, 2, 1, 3), 0.125)
+    module.vit_attention_kernel(*args)  # traces and compiles
+    got = module.vit_attention_kernel(*args)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    compiled = list(module.vit_attention_kernel._cache.values())[-1]  # this signature's
+    assert ".add_(" not in compiled.program.source, compiled.program.source

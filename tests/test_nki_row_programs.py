@@ -355,17 +355,23 @@ def test_missing_compiler_warns_and_runs_numpy(monkeypatch):
         cxx_build._compiler.cache_clear()
 
 
+@pytest.mark.parametrize("order", ["descending", "ascending"])
 @pytest.mark.parametrize("moving_layout", ["rows", "columns"])
-def test_matmul_accumulate_transpose_and_fills(moving_layout):
+def test_matmul_accumulate_transpose_and_fills(moving_layout, order):
     # scores = q^T k (dot-product form when k is column-major, axpy form otherwise), a PSUM
-    # accumulation of two products, a transpose and a memset, all inside row programs
+    # accumulation of two products over transposed score blocks and a memset, all inside row
+    # programs. Blocks taken in descending order stay two products and two transposes;
+    # ascending, they are consecutive column blocks and fuse into one product of the scores
+    # themselves (fusion.fused_matmul_nt_fn, lowered as "matmul_nt").
+    blocks = [1, 0] if order == "descending" else [0, 1]
+
     @nki.jit
     def kernel(q_t, k_t, v):
         d, n = q_t.shape
         out = nl.ndarray((n, v.shape[1]), dtype=v.dtype, buffer=nl.shared_hbm)
         scores = nisa.nc_matmul(nl.load(q_t), nl.load(k_t))  # [n, m] in PSUM
         acc = nl.zeros((n, v.shape[1]), nl.float32, buffer=nl.psum)
-        for c in nl.static_range(2):
+        for c in blocks:
             probs_t = nisa.nc_transpose(scores[:, c * 64 : (c + 1) * 64])  # [64, n]
             acc += nisa.nc_matmul(nl.copy(probs_t), nl.load(v[c * 64 : (c + 1) * 64, :]))
         bias = nl.ndarray((n, 1), dtype=nl.float32, buffer=nl.sbuf)
@@ -373,8 +379,8 @@ def test_matmul_accumulate_transpose_and_fills(moving_layout):
         nl.store(out, value=nl.add(acc, bias))
         return out
 
-    # sizes keep both products at most row_lowering.MATMUL_FLOPS (2*64*128*64 = 2^20)
-    q_t, v = _x(64, 64, special=False), _x(128, 96, special=False)
+    # sizes keep every product at most row_lowering.MATMUL_FLOPS (2*64*128*64 = 2^20)
+    q_t, v = _x(64, 64, special=False), _x(128, 96 if order == "descending" else 64, special=False)
     k_t = _x(64, 128, special=False)
     if moving_layout == "columns":  # both column-major: contiguous along the contraction
         q_t, k_t = np.asfortranarray(q_t), np.asfortranarray(k_t)

@@ -174,7 +174,7 @@ class _Builder:
                 and dst.adv is None
                 and not dtypes.needs_rounding(self.dtype_of[dst.sid])
             )
-            matmul = step.fn is ops.matmul_fn or step.fn is fusion.fused_matmul_fn
+            matmul = step.fn in (ops.matmul_fn, fusion.fused_matmul_fn, fusion.fused_matmul_nt_fn)
             if simple and matmul and self._emit_matmul(step, dst, mode):
                 return
             if simple and self._emit_fast(step, args, dst, mode):
@@ -261,16 +261,19 @@ class _Builder:
                 return False  # torch.from_numpy takes no negative strides
         stationary, moving = (self.torch_operand(x) for x in refs)
         target = self.torch_operand(dst)
+        # stationary.T @ moving; a chain over transposed tiles holds the untransposed tile
+        left = stationary if step.fn is fusion.fused_matmul_nt_fn else f"{stationary}.T"
         if mode == "set":
-            self.lines.append(f"torch.mm({stationary}.T, {moving}, out={target})")
+            self.lines.append(f"torch.mm({left}, {moving}, out={target})")
             return True
-        m = resolve_keys(self.launch.arrays[refs[0].sid], refs[0].keys).shape[1]
+        rows_axis = 0 if step.fn is fusion.fused_matmul_nt_fn else 1
+        m = resolve_keys(self.launch.arrays[refs[0].sid], refs[0].keys).shape[rows_axis]
         n = resolve_keys(self.launch.arrays[refs[1].sid], refs[1].keys).shape[1]
         temp = self.matmul_temps.get((m, n))
         if temp is None:
             temp = self.const(torch.zeros((m, n), dtype=torch.float32), "P")
             self.matmul_temps[(m, n)] = temp
-        self.lines.append(f"torch.mm({stationary}.T, {moving}, out={temp})")
+        self.lines.append(f"torch.mm({left}, {moving}, out={temp})")
         self.lines.append(f"{target}.add_({temp})")
         return True
 

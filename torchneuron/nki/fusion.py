@@ -12,7 +12,9 @@ Three rewrites of Tensor Engine work, all found in tiled-matmul style kernels:
   contraction read straight from HBM: ``lhs_t[0:K, m-block].T @ rhs[0:K, n-block]``. The
   DMAs into the now unread SBUF tiles are dropped. The sum over the contraction is then
   ordered by the host BLAS rather than block by block, so results match the interpreter
-  to float32 rounding (relative error ~ K * 2**-24), not bit for bit. A zero fill of the
+  to float32 rounding (relative error ~ K * 2**-24), not bit for bit. Stationary operands
+  that are nc_transposes of consecutive column blocks of one tile (attention's P@V) make
+  the chain one product of that tile (:func:`fused_matmul_nt_fn`). A zero fill of the
   PSUM tile just before the chain goes too (the sum is stored, not added to zeros).
 * **Matmul grids** (reassociated, :func:`merge_matmul_grid`). Consecutive chains writing
   the blocks ``out[m, n]`` of one output from column blocks m and n of the same two HBM
@@ -43,6 +45,15 @@ def fused_matmul_fn(x: Any, y: Any) -> Any:
 
 
 fused_matmul_fn.lowering = ("matmul",)  # type: ignore[attr-defined]
+
+
+def fused_matmul_nt_fn(x: Any, y: Any) -> Any:
+    """A chain over transposed tiles as one matmul: ``x @ y`` where x is the tile whose
+    column blocks the chain's stationary operands were transposes of."""
+    return ops.matmul_fn(np.ascontiguousarray(np.asarray(x, np.float32).T), y)
+
+
+fused_matmul_nt_fn.lowering = ("matmul_nt",)  # type: ignore[attr-defined]
 
 
 def _refs(step: Step) -> list[Ref]:
@@ -112,30 +123,35 @@ def _next_compute(steps: list[Step | None], n: int) -> int:
     return -1
 
 
-def _row_blocks(sources: list[Ref]) -> Ref | None:
-    """One Ref for the concatenation along axis 0 of consecutive row-block views of one
-    tensor (same key chain but for the first slice of the last key), or None."""
+def _row_blocks(sources: list[Ref], axis: int = 0) -> Ref | None:
+    """One Ref for the concatenation along view axis `axis` (0: rows, 1: columns) of
+    consecutive block views of one tensor: the same key chain but for that axis' slice of
+    the last key (integer indices, as in ``v[b, h, rows, :]``, take no view axis), or None."""
     first = sources[0]
     if any(s.sid != first.sid or s.adv is not None for s in sources) or not first.keys:
         return None
     prefix = first.keys[:-1]
-    rows = []
-    rest = None
+    last = first.keys[-1]
+    if not isinstance(last, tuple):
+        return None
+    slices = [n for n, k in enumerate(last) if isinstance(k, slice)]
+    if len(slices) <= axis or any(not isinstance(k, (slice, int)) for k in last):
+        return None
+    at = slices[axis]  # the key position of the view axis the blocks are taken along
+    blocks = []
     for s in sources:
-        last = s.keys[-1]
-        if s.keys[:-1] != prefix or not isinstance(last, tuple) or not last:
+        key = s.keys[-1]
+        if s.keys[:-1] != prefix or not isinstance(key, tuple) or len(key) != len(last):
             return None
-        if not all(isinstance(k, slice) and k.step in (None, 1) for k in last):
+        if any(key[n] != last[n] for n in range(len(last)) if n != at):
             return None
-        if rest is None:
-            rest = last[1:]
-        elif last[1:] != rest:
+        if not isinstance(key[at], slice) or key[at].step not in (None, 1):
             return None
-        rows.append(last[0])
-    for before, after in zip(rows, rows[1:], strict=False):
+        blocks.append(key[at])
+    for before, after in zip(blocks, blocks[1:], strict=False):
         if before.stop is None or after.start != before.stop:
             return None
-    fused = (slice(rows[0].start, rows[-1].stop),) + tuple(rest or ())
+    fused = last[:at] + (slice(blocks[0].start, blocks[-1].stop),) + last[at + 1 :]
     return Ref(first.sid, prefix + (fused,), None)
 
 
@@ -162,6 +178,41 @@ def _loaded_from(
     if src.keys and not isinstance(src.keys[-1], tuple):
         return None
     return src, n
+
+
+def _transposed_from(
+    launch: Launch, steps: list[Step | None], uses: dict[int, list[int]], ref: Ref, at: int
+) -> tuple[Ref, list[int]] | None:
+    """The 2-D float32 tile view whose transpose a whole tile holds (nc_transpose, then
+    optionally an exact copy out of PSUM), if those are the tiles' only uses; with the
+    transpose's and copy's step indices."""
+    found: list[int] = []
+    for _ in range(2):
+        if not _whole(ref) or launch.roles[ref.sid][0] != "scratch" or len(uses[ref.sid]) != 2:
+            return None
+        if uses[ref.sid][1] != at or launch.arrays[ref.sid].dtype != np.float32:
+            return None
+        n = uses[ref.sid][0]
+        step = steps[n]
+        out = _plain_out(step) if step is not None else None
+        if step is None or out is None or out[1] != "set" or not _whole(out[0]):
+            return None
+        src = step.ins[0] if len(step.ins) == 1 else None
+        if not isinstance(src, Ref) or src.adv is not None:
+            return None
+        found.append(n)
+        if step.fn is np.transpose:
+            if launch.arrays[src.sid].dtype != np.float32 or dtypes.needs_rounding(
+                launch.nki_dtypes[ref.sid]
+            ):
+                return None
+            if resolve_keys(launch.arrays[src.sid], src.keys).ndim != 2:
+                return None
+            return src, found
+        if not _is_copy(step) or dtypes.needs_rounding(launch.nki_dtypes[ref.sid]):
+            return None
+        ref, at = src, n
+    return None
 
 
 def _fuse_chains(launch: Launch, steps: list[Step | None]) -> list[Step | None]:
@@ -218,6 +269,7 @@ def _fuse_one(
         return None  # a bfloat16 accumulator rounds after every step: not one matmul
     sources: list[list[Ref]] = [[], []]
     copies: list[int] = []
+    transposed = False  # stationary operands are transposes of column blocks of one tile
     for n in chain:
         step = steps[n]
         assert step is not None
@@ -225,11 +277,17 @@ def _fuse_one(
             return None
         for side in (0, 1):
             found = _loaded_from(launch, steps, uses, step.ins[side], n)
-            if found is None:
+            if found is not None and not (side == 0 and transposed):
+                sources[side].append(found[0])
+                copies.append(found[1])
+                continue
+            through = _transposed_from(launch, steps, uses, step.ins[side], n)
+            if side != 0 or through is None or (n != chain[0] and not transposed):
                 return None
-            sources[side].append(found[0])
-            copies.append(found[1])
-    fused = [_row_blocks(s) for s in sources]
+            transposed = True
+            sources[side].append(through[0])
+            copies.extend(through[1])
+    fused = [_row_blocks(sources[0], 1 if transposed else 0), _row_blocks(sources[1])]
     if fused[0] is None or fused[1] is None:
         return None
     # The HBM operands must not change between the first copy and the last matmul.
@@ -246,7 +304,8 @@ def _fuse_one(
     if mode == "acc" and zeroed is not None:
         mode = "set"  # the sum added to zeros is the sum (the fill is dropped)
         copies.append(zeroed)
-    return Step(fused_matmul_fn, [fused[0], fused[1]], [(dst, None, mode)], "tensor"), copies
+    fn = fused_matmul_nt_fn if transposed else fused_matmul_fn
+    return Step(fn, [fused[0], fused[1]], [(dst, None, mode)], "tensor"), copies
 
 
 def _zero_fill_before(

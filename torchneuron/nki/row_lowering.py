@@ -187,30 +187,35 @@ class StepLowering:
 
     def _matmul(self, step, lowering, outs, shapes, rows):  # noqa: ANN001, ANN202
         """Out row r = sum over partitions k of stationary[k, r] * moving[k, :] (the Tensor
-        Engine's contraction over the partition axis), accumulated in float32."""
+        Engine's contraction over the partition axis), accumulated in float32. For
+        "matmul_nt" the stationary operand is given untransposed: stationary[r, k]."""
         (s, s_ptr), (m, m_ptr) = (self._whole(x) for x in step.ins)
+        # the contraction's length and strides of the stationary operand along k and r
+        depth, width, k_step, r_step = s.rows, s.free, s.row_stride, s.col_stride
+        if lowering[0] == "matmul_nt":
+            depth, width, k_step, r_step = s.free, s.rows, s.col_stride, s.row_stride
         out = outs[0]
-        if s.free != rows or m.rows != s.rows or m.free != out.free or out.free > 4096:
+        if width != rows or m.rows != depth or m.free != out.free or out.free > 4096:
             raise NotLowerable
-        if 2 * rows * out.free * s.rows > MATMUL_FLOPS:
+        if 2 * rows * out.free * depth > MATMUL_FLOPS:
             raise NotLowerable  # a BLAS (torch.mm) is faster than this loop at that size
         lines = [f"const float* x0 = {s_ptr};", f"const float* x1 = {m_ptr};"]
-        if m.col_stride != 1 and m.row_stride == 1 and s.row_stride == 1:
+        if m.col_stride != 1 and m.row_stride == 1 and k_step == 1:
             # both operands contiguous along the contraction: one dot product per column
             lines += [
                 f"for (long c = 0; c < {out.free}; ++c) {{",
                 "  float acc = 0.0f;",
                 "  #pragma omp simd reduction(+:acc)",
-                f"  for (long k = 0; k < {s.rows}; ++k)",
-                f"    acc += x0[k + r * {s.col_stride}] * x1[k + c * {m.col_stride}];",
+                f"  for (long k = 0; k < {depth}; ++k)",
+                f"    acc += x0[k + r * {r_step}] * x1[k + c * {m.col_stride}];",
                 "  @Y0@ acc;",
                 "}",
             ]
         else:  # moving rows scaled and added (contiguous along the moving free axis)
             lines += [
                 f"float t[{out.free}] = {{}};",
-                f"for (long k = 0; k < {s.rows}; ++k) {{",
-                f"  const float a = x0[k * {s.row_stride} + r * {s.col_stride}];",
+                f"for (long k = 0; k < {depth}; ++k) {{",
+                f"  const float a = x0[k * {k_step} + r * {r_step}];",
                 f"  const float* mk = x1 + k * {m.row_stride};",
                 "  #pragma omp simd",
                 f"  for (long c = 0; c < {out.free}; ++c) t[c] += a * mk[c * {m.col_stride}];",
@@ -219,6 +224,8 @@ class StepLowering:
             ]
         self.whole_reads = [(s, "*"), (m, "*")]
         return lines, []
+
+    _matmul_nt = _matmul
 
     def _transpose(self, step, lowering, outs, shapes, rows):  # noqa: ANN001, ANN202
         (x, x_ptr), out = self._whole(step.ins[0]), outs[0]
