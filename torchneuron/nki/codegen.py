@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from ..compile.cache_trust import NeffCacheSecurityError
-from . import cxx_build, dtypes, fusion, loop_batching, ops, row_programs
+from . import cxx_build, dtypes, fusion, loop_batching, matmul_grid, ops, row_programs
 from .interpreter import Launch, Ref, Step, _identity, fit_value
 from .tiles import resolve_keys
 
@@ -429,7 +429,7 @@ def written_before_read(launch: Launch, n_outputs: int) -> list[bool]:
 def _planned_steps(launch: Launch, chunk_bytes: int | None) -> list[Step]:
     steps = loop_batching.batch_loops(launch, fusion.plan(launch, launch.steps or []), chunk_bytes)
     steps = fusion.store_in_place(launch, fusion.elide_loads(launch, steps))
-    return fusion.merge_matmul_grid(launch, steps)
+    return matmul_grid.merge_matmul_grid(launch, steps)
 
 
 def build(launch: Launch, n_inputs: int, n_outputs: int) -> CompiledKernel:
