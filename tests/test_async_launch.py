@@ -17,7 +17,23 @@ from conftest import run_python
 import torchneuron
 
 DEV = "neuron"
-BIG = 1536  # a 1536³ product takes tens of milliseconds on this host: long enough to observe
+BIG = 1536  # a 1536³ product: tens of milliseconds of work for the worker
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _launch_path_warmed() -> None:
+    # A process's first launched elementwise ops compute their result shapes through
+    # PyTorch's Python meta functions, whose first use imports modules for up to a second:
+    # long enough for launched work a test expects to still be queued to have finished.
+    w = torch.ones(300_000, device=DEV)
+    ((w * 2 + w).sum() + 1).cpu()
+
+
+def _hold_stream(ms: float = 300.0) -> None:
+    """The current stream is busy for `ms` after what was launched last: what is launched
+    next is still queued when the following statements run, on a fast host as on a loaded
+    one (a product's own time varies with both)."""
+    torchneuron._C._sleep_on_stream(-1, ms)
 
 pytestmark = pytest.mark.skipif(
     torchneuron._C._launch_blocking(), reason="NEURON_LAUNCH_BLOCKING=1: launches are inline"
@@ -124,7 +140,9 @@ def _launch_long_work() -> torch.Tensor:
     x = torch.randn(BIG, BIG, device=DEV)
     torch.neuron.synchronize()
     torch.neuron.clear_op_tracking()
-    return x @ x  # still running when the next op is called
+    y = x @ x
+    _hold_stream()  # the stream stays busy after it: later launches are queued behind
+    return y
 
 
 def test_synchronizing_ops_name_the_ops_that_waited() -> None:

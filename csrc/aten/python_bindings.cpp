@@ -6,16 +6,20 @@
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <chrono>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 
 #include "compile/compiled_graph_call.h"
 #include "cpu_features.h"
 #include "device/device_state.h"
 #include "device/generator.h"
 #include "device/runtime_status.h"
+#include "device/stream_state.h"
 #include "distributed/dist_backend.h"
 #include "launch/async_launch.h"
 #include "memory/caching_allocator.h"
@@ -110,6 +114,24 @@ PYBIND11_MODULE(_C, m) {
   // kernels, inductor_device.py): launched work completes. It releases the GIL only when
   // there is work to wait for, so the common case is one atomic load.
   m.def("_wait_for_device_work", [] { torchneuron::wait_for_device_work(); });
+  // Keeps the current stream of `device` busy for `ms` milliseconds (torch.cuda._sleep's
+  // counterpart): work launched after it is still queued when the next statement runs,
+  // whatever the host's speed, which tests of launch ordering rely on.
+  m.def("_sleep_on_stream", [](int64_t device, double ms) {
+    const auto index = torchneuron::checked_device_index(device, /*allow_current=*/true);
+    const auto stream = static_cast<int>(torchneuron::current_stream(index).id());
+    auto* duration = new std::chrono::duration<double, std::milli>(ms);
+    const nrt_status status = nrt_stream_launch(
+        index, stream,
+        [](void* arg) {
+          const std::unique_ptr<std::chrono::duration<double, std::milli>> owned(
+              static_cast<std::chrono::duration<double, std::milli>*>(arg));
+          std::this_thread::sleep_for(*owned);
+        },
+        duration);
+    if (status != NRT_SUCCESS) delete duration;  // not launched: not run, not freed there
+    NEURON_CHECK(status);
+  });
   m.def("_kernel_isa", [] {
     // The host CPU, the instruction set our kernels (csrc/kernels) run with, and the best
     // one the host has (they differ under TORCHNEURON_KERNEL_ISA).
