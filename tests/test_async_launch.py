@@ -35,6 +35,7 @@ def _hold_stream(ms: float = 300.0) -> None:
     one (a product's own time varies with both)."""
     torchneuron._C._sleep_on_stream(-1, ms)
 
+
 pytestmark = pytest.mark.skipif(
     torchneuron._C._launch_blocking(), reason="NEURON_LAUNCH_BLOCKING=1: launches are inline"
 )
