@@ -111,6 +111,34 @@ def test_bmm_and_strided_views(dtype: torch.dtype) -> None:
     close(got_slice, sliced[:, 5:45] @ b[0].t(), dtype, 40)
 
 
+@pytest.mark.parametrize("bias_form", ["none", "row", "full", "column"])
+def test_bf16_products_left_to_onednn_keep_program_order_and_cpu_results(bias_form: str) -> None:
+    # 256x512x512 bf16: on AVX512-BF16/AMX hosts oneDNN's (not gemm_preferred), its output
+    # rows split over the task board so a waiting caller helps (native_gemm.cpp); elsewhere
+    # the native GEMM. Twelve products, each reading x as the in-place op before it left it.
+    m, k, n = 256, 512, 512
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    w = (torch.randn(k, n, generator=g) / 16).to(torch.bfloat16)
+    shapes = {"none": None, "row": (n,), "full": (m, n), "column": (m, 1)}
+    bias = None if shapes[bias_form] is None else torch.randn(*shapes[bias_form], generator=g)
+    bias = None if bias is None else bias.to(torch.bfloat16)
+    xd, wd = x.to(DEV), w.to(DEV)
+    bd = None if bias is None else bias.to(DEV)
+    got, want = [], []
+    for step in range(12):
+        if bias is None:
+            got.append(xd @ wd)
+            want.append(x @ w)
+        else:
+            got.append(torch.addmm(bd, xd, wd, beta=0.5, alpha=2.0))
+            want.append(torch.addmm(bias, x, w, beta=0.5, alpha=2.0))
+        xd.mul_(-0.75)
+        x.mul_(-0.75)
+    for got_step, want_step in zip(got, want, strict=True):
+        close(got_step, want_step, torch.bfloat16, k)
+
+
 def test_preference_policy() -> None:
     # GEMVs (few rows or few columns) and float32 always take the native GEMM; bf16 beyond
     # GEMV sizes only on hosts without native bf16 (the policy benchmarks/gemm.py measured).

@@ -10,6 +10,7 @@
 #include <ATen/ExpandUtils.h>
 #include <ATen/Functions.h>
 #include <ATen/Operators.h>
+#include <omp.h>
 #include <torch/library.h>
 
 #include <atomic>
@@ -27,6 +28,7 @@
 #include "op_registrations.h"
 #include "ops/op_tracking.h"
 #include "profiler/device_activity.h"
+#include "task_board.h"
 
 namespace torchneuron {
 namespace {
@@ -96,6 +98,85 @@ std::optional<std::vector<int64_t>> native_shape(const at::Tensor& a, const at::
   return std::vector<int64_t>{a.size(0), b.size(1)};
 }
 
+// ---- bfloat16 products oneDNN computes, shared over the board --------------------------
+
+// Where the board covers the host's CPUs the worker runs PyTorch's CPU kernels on one
+// thread (worker_intra_op_threads), so the bfloat16 products the native GEMM leaves to
+// oneDNN (more rows than gemm_preferred takes, on AVX512-BF16/AMX hosts) would leave a
+// waiting caller's core idle through most of a training step. Their output rows are split
+// in two board tasks instead, each a one-thread oneDNN product whoever runs it; the split
+// is fixed, so the result does not depend on who helped.
+constexpr int64_t kBoardProductTasks = 2;
+constexpr int64_t kBoardProductBelowMultiplyAdds = int64_t{1} << 22;
+
+bool shared_onednn_product(const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias) {
+  if (!native_kernels_enabled() || !readable(a, a.device(), at::kBFloat16, 2) ||
+      !readable(b, a.device(), at::kBFloat16, 2) || a.size(1) != b.size(0)) {
+    return false;
+  }
+  if (bias != nullptr) {
+    // a bias PyTorch's kernel would refuse stays with it, so its error is PyTorch's
+    if (!readable(*bias, a.device(), at::kBFloat16, bias->dim()) || bias->dim() > 2) return false;
+    const std::vector<int64_t> shape{a.size(0), b.size(1)};
+    if (!at::is_expandable_to(bias->sizes(), shape)) return false;
+  }
+  const int64_t m = a.size(0);
+  if (m < 2 * kBoardProductTasks || m * a.size(1) * b.size(1) < kBoardProductBelowMultiplyAdds) {
+    return false;
+  }
+  if (nk::gemm_preferred(nk::GemmDtype::kBFloat16, m, b.size(1), nk::isa_level())) return false;
+  return at::get_num_threads() <= kBoardThreads && nrt::TaskBoard::instance().shares_here();
+}
+
+// The calling thread's OpenMP count is 1 while it lives (a helping caller keeps its own).
+class OneOpenMpThread {
+ public:
+  OneOpenMpThread() : saved_(omp_get_max_threads()) {
+    if (saved_ != 1) omp_set_num_threads(1);
+  }
+  ~OneOpenMpThread() {
+    if (saved_ != 1) omp_set_num_threads(saved_);
+  }
+  OneOpenMpThread(const OneOpenMpThread&) = delete;
+  OneOpenMpThread& operator=(const OneOpenMpThread&) = delete;
+
+ private:
+  int saved_;
+};
+
+// mm (bias null) or addmm over the host aliases, the rows split over the board.
+at::Tensor shared_onednn_product(const char* name, OpCounter& counter, const at::Tensor& a,
+                                 const at::Tensor& b, const at::Tensor* bias,
+                                 const at::Scalar& beta, const at::Scalar& alpha) {
+  HostKernelCall call(a.device().index(), &counter);
+  const at::Tensor host_a = call.to_host(a), host_b = call.to_host(b);
+  const at::Tensor host_bias = bias != nullptr ? call.to_host(*bias) : at::Tensor();
+  const int64_t m = a.size(0);
+  at::Tensor result = call.run(name, [&] {
+    at::Tensor out = at::empty({m, b.size(1)}, host_a.options());  // device memory (run)
+    const c10::DispatchKeySet cpu(c10::DispatchKey::CPU);
+    nrt::TaskBoard::instance().run(kBoardProductTasks, [&](int64_t first, int64_t last) {
+      for (int64_t task = first; task < last; ++task) {
+        const int64_t begin = m * task / kBoardProductTasks;
+        const int64_t rows = m * (task + 1) / kBoardProductTasks - begin;
+        const OneOpenMpThread one_thread;
+        at::Tensor part = out.narrow(0, begin, rows);
+        const at::Tensor part_a = host_a.narrow(0, begin, rows);
+        if (!host_bias.defined()) {
+          at::_ops::mm_out::redispatch(cpu, part_a, host_b, part);
+          continue;
+        }
+        const bool per_row = host_bias.dim() == 2 && host_bias.size(0) == m && m > 1;
+        const at::Tensor part_bias = per_row ? host_bias.narrow(0, begin, rows) : host_bias;
+        at::_ops::addmm_out::redispatch(cpu, part_bias, part_a, host_b, beta, alpha, part);
+      }
+    });
+    return out;
+  });
+  counter.executed.fetch_add(1, std::memory_order_relaxed);
+  return call.adopt(std::move(result));
+}
+
 // ---- eager neuron kernels --------------------------------------------------------------
 
 // PyTorch's CPU kernel over host aliases, for what the native kernel does not take.
@@ -137,8 +218,11 @@ at::Tensor native_product(const char* name, OpCounter& counter, const at::Tensor
 at::Tensor neuron_mm(const at::Tensor& self, const at::Tensor& mat2) {
   if (auto launched = launch_or_wait<at::_ops::mm>(self, mat2)) return *launched;
   const auto shape = native_shape(self, mat2, 2);
-  if (!shape) return on_host<at::_ops::mm>("aten::mm", self, mat2);
   static OpCounter& counter = op_counter_named("aten::mm");
+  if (!shape && shared_onednn_product(self, mat2, nullptr)) {
+    return shared_onednn_product("aten::mm", counter, self, mat2, nullptr, 0, 1);
+  }
+  if (!shape) return on_host<at::_ops::mm>("aten::mm", self, mat2);
   return native_product("aten::mm", counter, self, mat2, *shape, nullptr, 1.0f, 0.0f);
 }
 
@@ -185,8 +269,12 @@ at::Tensor neuron_addmm(const at::Tensor& self, const at::Tensor& mat1, const at
   }
   const auto shape = native_shape(mat1, mat2, 2);
   const auto bias = native_addmm_bias(self, mat1, shape, beta, alpha);
-  if (!bias) return on_host<at::_ops::addmm>("aten::addmm", self, mat1, mat2, beta, alpha);
   static OpCounter& counter = op_counter_named("aten::addmm");
+  if (!bias && float_scalar(beta) && float_scalar(alpha) &&
+      shared_onednn_product(mat1, mat2, &self)) {
+    return shared_onednn_product("aten::addmm", counter, mat1, mat2, &self, beta, alpha);
+  }
+  if (!bias) return on_host<at::_ops::addmm>("aten::addmm", self, mat1, mat2, beta, alpha);
   return native_product("aten::addmm", counter, mat1, mat2, *shape, &*bias, alpha.to<float>(),
                         beta.to<float>());
 }
