@@ -126,7 +126,7 @@ def test_bf16_products_left_to_onednn_keep_program_order_and_cpu_results(bias_fo
     xd, wd = x.to(DEV), w.to(DEV)
     bd = None if bias is None else bias.to(DEV)
     got, want = [], []
-    for step in range(12):
+    for _ in range(12):
         if bias is None:
             got.append(xd @ wd)
             want.append(x @ w)
