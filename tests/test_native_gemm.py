@@ -226,6 +226,26 @@ def test_compiled_graph_calls_native_gemm() -> None:
     torch.testing.assert_close(xd.grad.cpu(), xc.grad, rtol=1e-5, atol=1e-5)
 
 
+def test_compiled_bf16_products_left_to_onednn_match_cpu() -> None:
+    # 256 rows of 512 -> 512 in bf16: on AVX512-BF16/AMX hosts the graph's native_addmm and
+    # native_mm hand them to oneDNN, rows split over the task board; elsewhere the native
+    # GEMM. Against CPU eager's products (the module's bf16 tolerances).
+    torch.manual_seed(0)
+    x, y = (torch.randn(256, 512).to(torch.bfloat16) for _ in range(2))
+    w1, w2 = (torch.randn(512, 512).to(torch.bfloat16) / 8 for _ in range(2))
+    bias = torch.randn(512).to(torch.bfloat16)
+
+    def two_products(x, y, w1, w2, bias):
+        return torch.nn.functional.linear(x, w1, bias), y @ w2  # addmm, mm
+
+    compiled = torch.compile(two_products, backend="neuron")
+    args = [t.to(DEV) for t in (x, y, w1, w2, bias)]
+    compiled(*args)  # compiles
+    got = compiled(*args)
+    for got_product, want in zip(got, two_products(x, y, w1, w2, bias), strict=True):
+        close(got_product, want, torch.bfloat16, 512)
+
+
 @pytest.mark.host_isa_only
 @pytest.mark.launch_mode_independent
 def test_off_switch_restores_cpu_kernels() -> None:

@@ -3,7 +3,9 @@
 Graphs compiled by the neuron backend are Inductor CPU code run over host aliases of neuron
 memory, so their matmuls would call the CPU's ``aten.mm``. :func:`use_native_gemm` retargets
 an ATen graph's float32/bfloat16 ``aten.mm``/``addmm``/``bmm`` nodes that the native GEMM is
-preferred for (:func:`native_gemm_preferred`) to the custom ops
+preferred for (:func:`native_gemm_preferred`), and the bfloat16 ``mm``/``addmm`` it is not (which
+the C++ op hands to oneDNN with the output rows split over the task board, so an idle stream
+worker computes half), to the custom ops
 ``torchneuron::native_mm``/``native_addmm``/``native_bmm`` (C++, csrc/aten/native/native_gemm.cpp),
 which Inductor calls as extern kernels. ``TORCHNEURON_NATIVE_KERNELS=0`` leaves graphs alone.
 """
@@ -66,7 +68,7 @@ def _replacements() -> dict[object, object]:
 
 
 def use_native_gemm(gm: torch.fx.GraphModule) -> int:
-    """Points the graph's float32/bf16 mm/addmm/bmm nodes at the native GEMM; returns how many."""
+    """Points the graph's float32/bf16 mm/addmm/bmm nodes at the native ops; returns how many."""
     if not native_kernels_enabled():
         return 0
     replacements = _replacements()
@@ -77,7 +79,9 @@ def use_native_gemm(gm: torch.fx.GraphModule) -> int:
         value = node.meta.get("val")
         if not isinstance(value, torch.Tensor) or value.dtype not in _NATIVE_DTYPES:
             continue
-        if not native_gemm_preferred(value.dtype, int(value.shape[-2]), int(value.shape[-1])):
+        shared = value.dtype == torch.bfloat16 and node.target is not torch.ops.aten.bmm.default
+        preferred = native_gemm_preferred(value.dtype, int(value.shape[-2]), int(value.shape[-1]))
+        if not (preferred or shared):
             continue
         node.target = replacements[node.target]
         replaced += 1

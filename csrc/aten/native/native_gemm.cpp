@@ -144,33 +144,39 @@ class OneOpenMpThread {
   int saved_;
 };
 
-// mm (bias null) or addmm over the host aliases, the rows split over the board.
+// out = mm (bias undefined) or addmm of host tensors, the rows split over the board.
+void shared_onednn_rows(const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias,
+                        const at::Scalar& beta, const at::Scalar& alpha, at::Tensor& out) {
+  const int64_t m = a.size(0);
+  const c10::DispatchKeySet cpu(c10::DispatchKey::CPU);
+  nrt::TaskBoard::instance().run(kBoardProductTasks, [&](int64_t first, int64_t last) {
+    for (int64_t task = first; task < last; ++task) {
+      const int64_t begin = m * task / kBoardProductTasks;
+      const int64_t rows = m * (task + 1) / kBoardProductTasks - begin;
+      const OneOpenMpThread one_thread;
+      at::Tensor part = out.narrow(0, begin, rows);
+      const at::Tensor part_a = a.narrow(0, begin, rows);
+      if (!bias.defined()) {
+        at::_ops::mm_out::redispatch(cpu, part_a, b, part);
+        continue;
+      }
+      const bool per_row = bias.dim() == 2 && bias.size(0) == m && m > 1;
+      const at::Tensor part_bias = per_row ? bias.narrow(0, begin, rows) : bias;
+      at::_ops::addmm_out::redispatch(cpu, part_bias, part_a, b, beta, alpha, part);
+    }
+  });
+}
+
+// The same for neuron tensors, over their host aliases.
 at::Tensor shared_onednn_product(const char* name, OpCounter& counter, const at::Tensor& a,
                                  const at::Tensor& b, const at::Tensor* bias,
                                  const at::Scalar& beta, const at::Scalar& alpha) {
   HostKernelCall call(a.device().index(), &counter);
   const at::Tensor host_a = call.to_host(a), host_b = call.to_host(b);
   const at::Tensor host_bias = bias != nullptr ? call.to_host(*bias) : at::Tensor();
-  const int64_t m = a.size(0);
   at::Tensor result = call.run(name, [&] {
-    at::Tensor out = at::empty({m, b.size(1)}, host_a.options());  // device memory (run)
-    const c10::DispatchKeySet cpu(c10::DispatchKey::CPU);
-    nrt::TaskBoard::instance().run(kBoardProductTasks, [&](int64_t first, int64_t last) {
-      for (int64_t task = first; task < last; ++task) {
-        const int64_t begin = m * task / kBoardProductTasks;
-        const int64_t rows = m * (task + 1) / kBoardProductTasks - begin;
-        const OneOpenMpThread one_thread;
-        at::Tensor part = out.narrow(0, begin, rows);
-        const at::Tensor part_a = host_a.narrow(0, begin, rows);
-        if (!host_bias.defined()) {
-          at::_ops::mm_out::redispatch(cpu, part_a, host_b, part);
-          continue;
-        }
-        const bool per_row = host_bias.dim() == 2 && host_bias.size(0) == m && m > 1;
-        const at::Tensor part_bias = per_row ? host_bias.narrow(0, begin, rows) : host_bias;
-        at::_ops::addmm_out::redispatch(cpu, part_bias, part_a, host_b, beta, alpha, part);
-      }
-    });
+    at::Tensor out = at::empty({a.size(0), b.size(1)}, host_a.options());  // device memory
+    shared_onednn_rows(host_a, host_b, host_bias, beta, alpha, out);
     return out;
   });
   counter.executed.fetch_add(1, std::memory_order_relaxed);
@@ -281,8 +287,20 @@ at::Tensor neuron_addmm(const at::Tensor& self, const at::Tensor& mat1, const at
 
 // ---- custom ops for compiled graphs (CPU tensors) ---------------------------------------
 
+// A compiled graph's bf16 product that oneDNN computes, its rows over the board.
+at::Tensor cpu_shared_onednn_product(const at::Tensor& a, const at::Tensor& b,
+                                     const at::Tensor* bias, const at::Scalar& beta,
+                                     const at::Scalar& alpha) {
+  at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options());
+  shared_onednn_rows(a, b, bias != nullptr ? *bias : at::Tensor(), beta, alpha, out);
+  return out;
+}
+
 at::Tensor cpu_native_mm(const at::Tensor& self, const at::Tensor& mat2) {
   const auto shape = native_shape(self, mat2, 2);
+  if (!shape && shared_onednn_product(self, mat2, nullptr)) {
+    return cpu_shared_onednn_product(self, mat2, nullptr, 0, 1);
+  }
   if (!shape) return at::mm(self, mat2);
   at::Tensor out = at::empty(*shape, self.options());
   run_gemm(self, mat2, nullptr, 1.0f, 0.0f, out);
@@ -301,6 +319,10 @@ at::Tensor cpu_native_addmm(const at::Tensor& self, const at::Tensor& mat1, cons
                             const at::Scalar& beta, const at::Scalar& alpha) {
   const auto shape = native_shape(mat1, mat2, 2);
   const auto bias = native_addmm_bias(self, mat1, shape, beta, alpha);
+  if (!bias && float_scalar(beta) && float_scalar(alpha) &&
+      shared_onednn_product(mat1, mat2, &self)) {
+    return cpu_shared_onednn_product(mat1, mat2, &self, beta, alpha);
+  }
   if (!bias) return at::addmm(self, mat1, mat2, beta, alpha);
   at::Tensor out = at::empty(*shape, mat1.options());
   run_gemm(mat1, mat2, &*bias, alpha.to<float>(), beta.to<float>(), out);
