@@ -104,8 +104,9 @@ std::optional<std::vector<int64_t>> native_shape(const at::Tensor& a, const at::
 // thread (worker_intra_op_threads), so the bfloat16 products the native GEMM leaves to
 // oneDNN (more rows than gemm_preferred takes, on AVX512-BF16/AMX hosts) would leave a
 // waiting caller's core idle through most of a training step. Their output rows are split
-// in two board tasks instead, each a one-thread oneDNN product whoever runs it; the split
-// is fixed, so the result does not depend on who helped.
+// in two tasks instead, each a one-thread oneDNN product, run on the board (or, without
+// one, on the calling thread's OpenMP team); the split is fixed, so the result does not
+// depend on who ran which task, on sharing or on the launch mode.
 constexpr int64_t kBoardProductTasks = 2;
 constexpr int64_t kBoardProductBelowMultiplyAdds = int64_t{1} << 22;
 
@@ -125,7 +126,10 @@ bool shared_onednn_product(const at::Tensor& a, const at::Tensor& b, const at::T
     return false;
   }
   if (nk::gemm_preferred(nk::GemmDtype::kBFloat16, m, b.size(1), nk::isa_level())) return false;
-  return at::get_num_threads() <= kBoardThreads && nrt::TaskBoard::instance().shares_here();
+  // Decided by the thread count alone, which launch modes and sharing leave on the same side
+  // of kBoardThreads (worker_intra_op_threads): the rows a task computes, and so the
+  // result, do not depend on them.
+  return at::get_num_threads() <= kBoardThreads;
 }
 
 // The calling thread's OpenMP count is 1 while it lives (a helping caller keeps its own).
@@ -149,7 +153,7 @@ void shared_onednn_rows(const at::Tensor& a, const at::Tensor& b, const at::Tens
                         const at::Scalar& beta, const at::Scalar& alpha, at::Tensor& out) {
   const int64_t m = a.size(0);
   const c10::DispatchKeySet cpu(c10::DispatchKey::CPU);
-  nrt::TaskBoard::instance().run(kBoardProductTasks, [&](int64_t first, int64_t last) {
+  const auto tasks = [&](int64_t first, int64_t last) {
     for (int64_t task = first; task < last; ++task) {
       const int64_t begin = m * task / kBoardProductTasks;
       const int64_t rows = m * (task + 1) / kBoardProductTasks - begin;
@@ -164,7 +168,13 @@ void shared_onednn_rows(const at::Tensor& a, const at::Tensor& b, const at::Tens
       const at::Tensor part_bias = per_row ? bias.narrow(0, begin, rows) : bias;
       at::_ops::addmm_out::redispatch(cpu, part_bias, part_a, b, beta, alpha, part);
     }
-  });
+  };
+  nrt::TaskBoard& board = nrt::TaskBoard::instance();
+  if (board.shares_here()) {
+    board.run(kBoardProductTasks, tasks);
+  } else {  // no board (blocking launches, sharing off): the same tasks on this thread's team
+    at::parallel_for(0, kBoardProductTasks, 1, tasks);
+  }
 }
 
 // The same for neuron tensors, over their host aliases.
