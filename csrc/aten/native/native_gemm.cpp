@@ -10,8 +10,11 @@
 #include <ATen/ExpandUtils.h>
 #include <ATen/Functions.h>
 #include <ATen/Operators.h>
-#include <omp.h>
 #include <torch/library.h>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include <atomic>
 #include <optional>
@@ -135,20 +138,24 @@ bool shared_onednn_product(const at::Tensor& a, const at::Tensor& b, const at::T
 // The calling thread's OpenMP count is 1 while it lives (a helping caller keeps its own).
 class OneOpenMpThread {
  public:
+#ifdef _OPENMP
   OneOpenMpThread() : saved_(omp_get_max_threads()) {
     if (saved_ != 1) omp_set_num_threads(1);
   }
   ~OneOpenMpThread() {
     if (saved_ != 1) omp_set_num_threads(saved_);
   }
+#else
+  OneOpenMpThread() = default;  // without OpenMP every thread runs one
+#endif
   OneOpenMpThread(const OneOpenMpThread&) = delete;
   OneOpenMpThread& operator=(const OneOpenMpThread&) = delete;
 
  private:
-  int saved_;
+  int saved_ = 1;
 };
 
-// out = mm (bias undefined) or addmm of host tensors, the rows split over the board.
+// out = mm (bias undefined) or addmm of host tensors, the rows split in fixed tasks.
 void shared_onednn_rows(const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias,
                         const at::Scalar& beta, const at::Scalar& alpha, at::Tensor& out) {
   const int64_t m = a.size(0);
