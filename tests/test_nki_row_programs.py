@@ -357,13 +357,18 @@ def test_missing_compiler_warns_and_runs_numpy(monkeypatch):
 
 @pytest.mark.parametrize("order", ["descending", "ascending"])
 @pytest.mark.parametrize("moving_layout", ["rows", "columns"])
-def test_matmul_accumulate_transpose_and_fills(moving_layout, order):
+def test_matmul_accumulate_transpose_and_fills(moving_layout, order, monkeypatch):
     # scores = q^T k (dot-product form when k is column-major, axpy form otherwise), a PSUM
     # accumulation of two products over transposed score blocks and a memset, all inside row
     # programs. Blocks taken in descending order stay two products and two transposes;
     # ascending, they are consecutive column blocks and fuse into one product of the scores
     # themselves (fusion.fused_matmul_nt_fn, lowered as "matmul_nt").
     blocks = [1, 0] if order == "descending" else [0, 1]
+    sources: list[str] = []  # the row programs' C++, as built
+    build = cxx_build.load
+    monkeypatch.setattr(
+        cxx_build, "load", lambda source: (sources.append(source), build(source))[1]
+    )
 
     @nki.jit
     def kernel(q_t, k_t, v):
@@ -387,6 +392,8 @@ def test_matmul_accumulate_transpose_and_fills(moving_layout, order):
     expected, got, program = _run(kernel, q_t, k_t, v)
     assert program.row_programs >= 1
     assert "torch.mm" not in program.source and "np." not in program.source
+    # contraction loops: q^T k, then two P@V products, or one when fused
+    assert sources[-1].count("for (long k = 0; k <") == (2 if order == "ascending" else 3)
     # |scores| ~ 3*3*8 = 72 over 64 terms, then 128-term products: float32 reordering
     _close(got, expected, rtol=1e-4, atol=1e-2)
     _close(got, (q_t.T @ k_t) @ v + 0.25, rtol=1e-4, atol=1e-2)

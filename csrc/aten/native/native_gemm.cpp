@@ -111,9 +111,11 @@ std::optional<std::vector<int64_t>> native_shape(const at::Tensor& a, const at::
 // one, on the calling thread's OpenMP team); the split is fixed, so the result does not
 // depend on who ran which task, on sharing or on the launch mode.
 constexpr int64_t kBoardProductTasks = 2;
+// Smaller products stay one oneDNN call: a chosen size (32x the native kernels' serial
+// bound, kSerialBelowMultiplyAdds), not a measured crossover.
 constexpr int64_t kBoardProductBelowMultiplyAdds = int64_t{1} << 22;
 
-bool shared_onednn_product(const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias) {
+bool takes_shared_onednn_product(const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias) {
   if (!native_kernels_enabled() || !readable(a, a.device(), at::kBFloat16, 2) ||
       !readable(b, a.device(), at::kBFloat16, 2) || a.size(1) != b.size(0)) {
     return false;
@@ -242,7 +244,7 @@ at::Tensor neuron_mm(const at::Tensor& self, const at::Tensor& mat2) {
   if (auto launched = launch_or_wait<at::_ops::mm>(self, mat2)) return *launched;
   const auto shape = native_shape(self, mat2, 2);
   static OpCounter& counter = op_counter_named("aten::mm");
-  if (!shape && shared_onednn_product(self, mat2, nullptr)) {
+  if (!shape && takes_shared_onednn_product(self, mat2, nullptr)) {
     return shared_onednn_product("aten::mm", counter, self, mat2, nullptr, 0, 1);
   }
   if (!shape) return on_host<at::_ops::mm>("aten::mm", self, mat2);
@@ -294,7 +296,7 @@ at::Tensor neuron_addmm(const at::Tensor& self, const at::Tensor& mat1, const at
   const auto bias = native_addmm_bias(self, mat1, shape, beta, alpha);
   static OpCounter& counter = op_counter_named("aten::addmm");
   if (!bias && float_scalar(beta) && float_scalar(alpha) &&
-      shared_onednn_product(mat1, mat2, &self)) {
+      takes_shared_onednn_product(mat1, mat2, &self)) {
     return shared_onednn_product("aten::addmm", counter, mat1, mat2, &self, beta, alpha);
   }
   if (!bias) return on_host<at::_ops::addmm>("aten::addmm", self, mat1, mat2, beta, alpha);
@@ -315,7 +317,7 @@ at::Tensor cpu_shared_onednn_product(const at::Tensor& a, const at::Tensor& b,
 
 at::Tensor cpu_native_mm(const at::Tensor& self, const at::Tensor& mat2) {
   const auto shape = native_shape(self, mat2, 2);
-  if (!shape && shared_onednn_product(self, mat2, nullptr)) {
+  if (!shape && takes_shared_onednn_product(self, mat2, nullptr)) {
     return cpu_shared_onednn_product(self, mat2, nullptr, 0, 1);
   }
   if (!shape) return at::mm(self, mat2);
@@ -337,7 +339,7 @@ at::Tensor cpu_native_addmm(const at::Tensor& self, const at::Tensor& mat1, cons
   const auto shape = native_shape(mat1, mat2, 2);
   const auto bias = native_addmm_bias(self, mat1, shape, beta, alpha);
   if (!bias && float_scalar(beta) && float_scalar(alpha) &&
-      shared_onednn_product(mat1, mat2, &self)) {
+      takes_shared_onednn_product(mat1, mat2, &self)) {
     return cpu_shared_onednn_product(mat1, mat2, &self, beta, alpha);
   }
   if (!bias) return at::addmm(self, mat1, mat2, beta, alpha);
