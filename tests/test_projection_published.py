@@ -71,6 +71,47 @@ def test_heads_are_sharded_as_nxd_inference_shards_them(
     assert (shape.heads_per_rank(tp), shape.kv_heads_per_rank(tp)) == (heads, kv_heads)
 
 
+def test_transformers_neuronx_up_to_2_18_made_gqa_into_mha_when_tp_split_kv_heads() -> None:
+    """Llama-3-8B (32 query heads, 8 KV heads) on inf2 at tp 24: transformers-neuronx up to SDK
+    2.18 repeated the KV heads to the 32 query heads, padded to 48 (two a rank); NxD Inference
+    and later transformers-neuronx keep one KV head a rank. At tp 8 both divide them."""
+    shape = find_shape("Llama-3-8B")
+    inst = find_instance("inf2.48xlarge")
+    assert (shape.kv_heads_per_rank(24), shape.as_multi_head().kv_heads_per_rank(24)) == (1, 2)
+    old = InferenceRequest(inst, 24, 8, 4096, 4096, kv_heads_as_query_heads=True)
+    new = dataclasses.replace(old, kv_heads_as_query_heads=False)
+    assert inference(shape, old) == inference(shape.as_multi_head(), new)
+    assert inference(shape, old).tpot > 1.2 * inference(shape, new).tpot  # twice the KV reads
+    divided = dataclasses.replace(old, tp=8)
+    assert inference(shape, divided) == inference(
+        shape, dataclasses.replace(divided, kv_heads_as_query_heads=False)
+    )
+    rows = published._load("inference.csv")
+    assert {published._kv_heads_as_query_heads(r) for r in rows if r["sdk"] < "2.19"} == {True}
+    assert not any(published._kv_heads_as_query_heads(r) for r in rows if r["sdk"] >= "2.19")
+
+
+def test_a_throughput_contradicting_its_own_latencies_is_judged_against_them() -> None:
+    rows = {r.id: r for r in published.inference_rows()}
+    # Llama-2-13B on trn1, 8192 tokens in and out: 31.4 tok/s published; its P50 TTFT
+    # (2,367.9 ms) and TPOT (13.408 ms) give 8192 tokens in 112.2 s, 73.0 tok/s.
+    contradicted = rows["I0801"]
+    assert contradicted.published == pytest.approx(31.399, rel=1e-4)
+    assert contradicted.implied == pytest.approx(8192 / (2.367928505 + 8191 * 0.01340842247))
+    assert contradicted.error == pytest.approx(contradicted.projected / contradicted.implied - 1)
+    consistent = rows["I0802"]  # Llama-2-70B, 128 in and out: 39.3 both ways
+    assert consistent.implied == 0.0 and consistent.reference == consistent.published
+    # Mistral-7B on inf2, 4096 in and out: 81.7 tok/s published, 125.0 from the P50s, but its
+    # P99 TPOT (11.65 ms against 7.87) gives 84.9: a tail, not a contradiction
+    tail = rows["I0717"]
+    assert tail.implied == 0.0 and tail.reference == pytest.approx(81.70, rel=1e-4)
+    # decided from the published figures alone: another calibration judges the same rows
+    other = dataclasses.replace(CALIBRATION, matmul_efficiency=0.9, hbm_efficiency=0.2)
+    assert [r.id for r in published.inference_rows(other) if r.implied] == [
+        r.id for r in rows.values() if r.implied
+    ]
+
+
 @pytest.mark.parametrize(
     "input_len, output_len, mean",
     [

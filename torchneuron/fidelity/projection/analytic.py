@@ -40,11 +40,11 @@ class Calibration:
     """Fitted on part of AWS's published figures (published.py: CALIBRATION_MODELS); the
     defaults are the fit's result, rounded to three digits."""
 
-    matmul_efficiency: float = 0.355  # of TensorE peak, on full 128x128 tiles
-    link_efficiency: float = 0.283  # of NeuronLink / EFA bandwidth a collective reaches
-    hbm_efficiency: float = 0.603  # of HBM bandwidth a decode step's reads reach
-    layer_overhead_s: float = 123e-6  # per layer and pass: instruction issue, synchronisation
-    collective_overhead_s: float = 0.183e-6  # per collective beyond its hops
+    matmul_efficiency: float = 0.394  # of TensorE peak, on full 128x128 tiles
+    link_efficiency: float = 0.272  # of NeuronLink / EFA bandwidth a collective reaches
+    hbm_efficiency: float = 0.784  # of HBM bandwidth a decode step's reads reach
+    layer_overhead_s: float = 153e-6  # per layer and pass: instruction issue, synchronisation
+    collective_overhead_s: float = 0.970e-6  # per collective beyond its hops
 
 
 CALIBRATION = Calibration()
@@ -129,6 +129,9 @@ class InferenceRequest:
     output_len: int
     weight_bytes: int = 2  # bf16; 1 for int8 weights
     flash_attention: bool = True  # False: the prefill's scores are materialised
+    # True: KV heads tp does not divide are replicated to one per query head, as
+    # transformers-neuronx did up to SDK 2.18 (Shape.as_multi_head); False: NxD Inference
+    kv_heads_as_query_heads: bool = False
 
     def __post_init__(self) -> None:
         for name in ("tp", "batch", "input_len", "output_len"):
@@ -438,6 +441,8 @@ def inference(
 ) -> InferenceEstimate:
     """Prefill of the prompt, then decode steps at the mean context length."""
     inst, tp, b = request.instance, request.tp, request.batch
+    if request.kv_heads_as_query_heads and shape.kv_heads % tp:
+        shape = shape.as_multi_head()
     prefill, _ = _layer_forward(
         shape, inst, b, request.input_len, request.input_len, tp, True, cal,
         request.flash_attention,

@@ -9,7 +9,9 @@ are the same); ``--calibrate`` fits the five constants of ``analytic.Calibration
 calibration rows and prints them.
 
 The calibration rows are those of the models in ``CALIBRATION_MODELS``; every other row is
-held out, so a model's figures are either all fitted or all predicted. The fit leaves out the
+held out, so a model's figures are either all fitted or all predicted. An inference row whose
+published throughput contradicts its own published latencies is judged against the throughput
+its P50 TTFT and TPOT imply (``contradicts_its_latencies``). The fit leaves out the
 fp32 training rows (``Row.modelled``), whose cost the model has no mechanism for.
 """
 
@@ -65,10 +67,18 @@ class Row:
     # False for fp32 training: its published cost (1.8x bf16 at sequence 128, 2.2x at 512) has
     # no mechanism in the documented engine rates, so those rows are reported but not fitted.
     modelled: bool = True
+    # Inference: the throughput the row's own published P50 TTFT and TPOT imply, when the
+    # published throughput contradicts its latencies (see CONTRADICTION); 0 otherwise.
+    implied: float = 0.0
+
+    @property
+    def reference(self) -> float:
+        """The figure the projection is judged against."""
+        return self.implied or self.published
 
     @property
     def error(self) -> float:
-        return self.projected / self.published - 1.0
+        return self.projected / self.reference - 1.0
 
 
 def _flag(value: str) -> bool:
@@ -83,6 +93,8 @@ _NOT_CONFIGURATION = {
     "sequences_per_s",
     "ttft_ms",
     "tpot_ms",
+    "ttft_p99_ms",
+    "tpot_p99_ms",
     "output_tokens_per_s",
 }
 
@@ -129,6 +141,18 @@ def _flash_attention(row: dict[str, str], prompt: int | None = None) -> bool:
     if not (trn2 or _sdk_key(row) >= FLASH_SDK) or not find_shape(row["model"]).causal:
         return False
     return trn2 or prompt is None or prompt > FLASH_INFERENCE_ABOVE
+
+
+# transformers-neuronx turned a grouped-query model into multi-head attention when tp did not
+# divide its KV heads (Shape.as_multi_head) until its June 2024 release
+# (aws-neuron/transformers-neuronx@c8d6bdc, utils.get_qkv_padding: "Partial replication"), the
+# one SDK 2.19 shipped; every earlier inference figure ran transformers-neuronx.
+PARTIAL_KV_REPLICATION_SDK = (2, 19)
+
+
+def _kv_heads_as_query_heads(row: dict[str, str]) -> bool:
+    sdk = _sdk_key(row)
+    return bool(sdk) and sdk < PARTIAL_KV_REPLICATION_SDK
 
 
 def _is_calibration(model: str) -> bool:
@@ -180,8 +204,38 @@ def _inference_estimate(r: dict[str, str], cal: Calibration) -> InferenceEstimat
         output_len=int(r["output_len"]),
         weight_bytes=1 if r["weights"] == "int8" else 2,
         flash_attention=_flash_attention(r, int(r["input_len"])),
+        kv_heads_as_query_heads=_kv_heads_as_query_heads(r),
     )
     return inference(find_shape(r["model"]), request, cal)
+
+
+# A published throughput is judged against unless it contradicts the row's own published
+# latencies. AWS's P50 TTFT and TPOT imply batch x output / (TTFT + (output - 1) x TPOT) tokens a
+# second, its P99s a lower figure; when the published throughput is more than this far outside
+# that range (a projection reproducing the latencies, median or tail, would miss it by more than
+# the 35% band), the projection is judged against the P50s' figure. Decided from the published
+# figures alone.
+CONTRADICTION = 0.35
+
+
+def latency_implied_throughput(r: dict[str, str], percentile: str = "") -> float:
+    """Output tokens per second from the row's published P50 (or, with percentile "_p99", P99)
+    TTFT and TPOT."""
+    output = int(r["output_len"])
+    ttft, tpot = float(r[f"ttft{percentile}_ms"]), float(r[f"tpot{percentile}_ms"])
+    return int(r["batch"]) * output / ((ttft + (output - 1) * tpot) / 1e3)
+
+
+def contradicts_its_latencies(r: dict[str, str]) -> bool:
+    """Whether the row's throughput lies beyond CONTRADICTION of every throughput its P50 and
+    (where published) P99 latencies imply."""
+    published = float(r["output_tokens_per_s"])
+    implied = [latency_implied_throughput(r)]
+    if r["ttft_p99_ms"] and r["tpot_p99_ms"]:
+        implied.append(latency_implied_throughput(r, "_p99"))
+    low, high = min(implied), max(implied)
+    nearest = min(max(published, low), high)
+    return abs(nearest / published - 1) > CONTRADICTION
 
 
 def inference_rows(cal: Calibration = CALIBRATION, newest_only: bool = True) -> list[Row]:
@@ -196,11 +250,12 @@ def inference_rows(cal: Calibration = CALIBRATION, newest_only: bool = True) -> 
             f"TTFT {float(r['ttft_ms']):.0f}/{estimate.ttft * 1e3:.0f} ms, "
             f"TPOT {float(r['tpot_ms']):.1f}/{estimate.tpot * 1e3:.1f} ms"
         )
+        implied = latency_implied_throughput(r) if contradicts_its_latencies(r) else 0.0
         rows.append(
             Row(
                 r["id"], "inference", r["model"], config, float(r["output_tokens_per_s"]),
                 estimate.output_tokens_per_s, "tok/s", r["source"], _is_calibration(r["model"]),
-                extra,
+                extra, implied=implied,
             )
         )  # fmt: skip
     return rows
@@ -257,7 +312,20 @@ def summary(rows: list[Row]) -> str:
             f"{label}: {len(errors)} figures, median |error| {statistics.median(errors):.1%}, "
             f"largest {errors[-1]:.1%}, {within} within 35%"
         )
+    contradicted = [r.id for r in rows if r.implied]
+    if contradicted:
+        lines.append(
+            f"judged against the throughput their P50 TTFT and TPOT imply ({len(contradicted)}, "
+            f"the published throughput contradicts them): {', '.join(contradicted)}"
+        )
     return "\n".join(lines)
+
+
+def _published_cell(r: Row) -> str:
+    cell = f"{r.published:,.1f} {r.unit}"
+    if r.implied:
+        cell += f" (judged against {r.implied:,.1f}: its P50 TTFT and TPOT)"
+    return cell
 
 
 def markdown(rows: list[Row]) -> str:
@@ -266,7 +334,7 @@ def markdown(rows: list[Row]) -> str:
     for r in rows:
         config = f"{r.config}; {r.extra}" if r.extra else r.config
         out.append(
-            f"| {r.id} | {r.model} | {config} | {r.published:,.1f} {r.unit} | "
+            f"| {r.id} | {r.model} | {config} | {_published_cell(r)} | "
             f"{r.projected:,.1f} | {r.error:+.1%} | {'fit' if r.calibration else 'held out'} | "
             f"{r.source} |"
         )
@@ -280,9 +348,9 @@ def html_page(rows: list[Row]) -> str:
     def points(kind: str) -> list[tuple[float, float, str, str]]:
         return [
             (
-                r.published,
+                r.reference,
                 r.projected,
-                f"{r.id} {r.model} {r.config}: {r.published:,.1f} published, "
+                f"{r.id} {r.model} {r.config}: {_published_cell(r)} published, "
                 f"{r.projected:,.1f} projected ({r.error:+.1%})",
                 f"{r.config.split()[0] if kind == 'inference' else 'trn1/trn1n'}, "
                 f"{'fit' if r.calibration else 'held out'}",
@@ -325,8 +393,9 @@ def main(argv: list[str] | None = None) -> int:
     else:
         for r in rows:
             print(
-                f"{r.id:<6}{r.model:<26}{r.published:>12.1f}{r.projected:>12.1f} {r.unit:<6}"
+                f"{r.id:<6}{r.model:<26}{r.reference:>12.1f}{r.projected:>12.1f} {r.unit:<6}"
                 f"{r.error:>+8.1%}  {'fit' if r.calibration else 'held out'}  {r.extra}"
+                f"{'  (judged against its P50 TTFT and TPOT)' if r.implied else ''}"
             )
     print()
     print(summary(rows))

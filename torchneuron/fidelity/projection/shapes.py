@@ -9,7 +9,7 @@ for GPT3-23B/46B/175B, neuronx-nemo-megatron's gpt_23b.sh, gpt_46b.sh and gpt_17
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 
@@ -74,6 +74,14 @@ class Shape:
         if tp % self.kv_heads == 0:
             return 1
         return self.heads_per_rank(tp)
+
+    def as_multi_head(self) -> Shape:
+        """The model with one KV head per query head: how transformers-neuronx up to SDK 2.18
+        shards a grouped-query model whose KV heads tp does not divide ("replicate the KV heads
+        to be equal to the number of Q heads. This makes the GQA model look identical to an
+        MHA model": aws-neuron/transformers-neuronx@0623de2, decoder.py, the KV weights
+        repeated in ``to_neuron``). Its successor replicates only up to one head per rank."""
+        return replace(self, kv_heads=self.heads)
 
     def _non_mlp_weights_per_rank(self, tp: int) -> int:
         """A layer's attention projections on one TP rank and its router (if any)."""
