@@ -5,7 +5,9 @@ in elements, then one ``[step, num]`` pair per dimension, outermost first (AWS, 
 Patterns"). On SBUF/PSUM the first pair is the partition dimension and must step by the
 tile's whole free size (every partition reads the same pattern). ``scalar_offset`` (a
 register, a device scalar or a 1x1 tensor) moves the start by that many steps of
-``indirect_dim`` at run time. The result is a view: instructions read and write through it.
+``indirect_dim`` at run time; ``vector_offset`` (one row index per partition) makes a gather or
+scatter view of an HBM tensor (indirect_dma.py). The result is a view: instructions read and
+write through it.
 
 The compiled path does not lower access patterns: a launch that uses one is traced again on
 each call (as a launch whose control flow reads device values), at the interpreter's speed.
@@ -21,6 +23,7 @@ from . import dtypes, interpreter
 from .chip_profile import PARTITIONS
 from .control_flow import scalar_value_of
 from .errors import NkiError, NkiUnsupportedError
+from .indirect_dma import VectorIndirectView, vector_indirect_view
 from .tiles import Tile
 
 
@@ -33,10 +36,10 @@ def access_pattern(
     indirect_dim: int = 0,
     dtype: Any = None,
     **_: Any,
-) -> Tile:
+) -> Tile | VectorIndirectView:
     what = "tensor.ap"
-    if vector_offset is not None:
-        raise NkiUnsupportedError(f"{what}(vector_offset=...) is not supported here")
+    if vector_offset is not None and scalar_offset is not None:
+        raise NkiError(f"{what}: vector_offset and scalar_offset are mutually exclusive")
     if dtype is not None and dtypes.canonical(dtype) != tile.dtype:
         raise NkiUnsupportedError(f"{what}(dtype=...) reinterpreting {tile.dtype} is not supported")
     if tile.adv is not None:
@@ -54,6 +57,8 @@ def access_pattern(
         offset = tile.view.__array_interface__["data"][0] - base.__array_interface__["data"][0]
         offset //= itemsize
     start = int(offset)
+    if vector_offset is not None:
+        return vector_indirect_view(tile, pairs, start, vector_offset, indirect_dim, what)
     if scalar_offset is not None:
         if not 0 <= indirect_dim < len(pairs):
             raise NkiError(

@@ -7,9 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from . import dtypes, interpreter, ops
+from . import dtypes, indirect_dma, interpreter, ops
 from .chip_profile import BN_STATS_FMAX
 from .errors import NkiError
+from .indirect_dma import VectorIndirectView
 from .instruction import instruction, on_chip_operand
 from .language import dma, ndarray
 from .tiles import Tile
@@ -214,7 +215,15 @@ def dma_copy(
     dge_mode: Any = None,
     **_: Any,
 ) -> None:
-    """Copies src to dst through a DMA queue (HBM↔SBUF, or within either)."""
+    """Copies src to dst through a DMA queue (HBM↔SBUF, or within either); either side may
+    be an indirect view (``.ap(vector_offset=...)``: a gather or scatter, indirect_dma.py)."""
+    if isinstance(dst, VectorIndirectView) or isinstance(src, VectorIndirectView):
+        add = dst_rmw_op is not None
+        if add and ops.op_name(dst_rmw_op) != "add":
+            raise NkiError("nisa.dma_copy: dst_rmw_op supports nl.add only")
+        skip = getattr(oob_mode, "name", oob_mode) == "skip"
+        indirect_dma.copy(dst, src, mask, skip, add, "nisa.dma_copy")
+        return
     if not isinstance(dst, Tile) or not isinstance(src, Tile):
         raise NkiError("nisa.dma_copy takes tensors/tiles as dst and src")
     if dst.buffer.name == "psum" or src.buffer.name == "psum":

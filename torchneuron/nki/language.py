@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from . import dtypes, interpreter, ops
+from . import dtypes, indirect_dma, interpreter, ops
 from .access_patterns import access_pattern
 from .chip_profile import BN_STATS_FMAX, GEMM_MOVING_FMAX, GEMM_STATIONARY_FMAX, PARTITIONS
 from .control_flow import NkiScalar, fori_loop, if_else, while_loop  # noqa: F401
@@ -36,6 +36,7 @@ from .dtypes import canonical as _canonical
 from .dtypes import host as _host_dtype
 from .errors import NkiError
 from .indexing import arange, ds, mgrid  # noqa: F401
+from .indirect_dma import VectorIndirectView, vector_select
 from .tiles import (  # noqa: F401
     IndirectAccess,
     Tile,
@@ -138,6 +139,10 @@ def load(src: Tile, *, mask: Any = None, dtype: Any = None, **_: Any) -> Tile:
     """HBM → SBUF: a new SBUF tile holding `src` (the first dimension is the partition)."""
     if isinstance(src, IndirectAccess):
         return _gather(src, mask, dtype)
+    if isinstance(src, VectorIndirectView):
+        tile = ndarray(src.shape, dtype or src.dtype)
+        indirect_dma.copy(tile, src, mask, False, False, "nl.load")
+        return tile
     _dma_check(src, True, "nl.load")
     if src.buffer.on_chip:
         raise NkiError(
@@ -170,6 +175,9 @@ def load_transpose2d(src: Tile, *, mask: Any = None, dtype: Any = None, **_: Any
 
 def store(dst: Tile, value: Any, *, mask: Any = None, **_: Any) -> None:
     """SBUF → HBM: writes `value` to the HBM access `dst`."""
+    if isinstance(dst, VectorIndirectView):
+        indirect_dma.copy(dst, interpreter.operand(value), mask, False, False, "nl.store")
+        return
     if not isinstance(dst, Tile) or dst.buffer.on_chip:
         where = dst.buffer.name if isinstance(dst, Tile) else type(dst).__name__
         raise NkiError(
@@ -609,6 +617,8 @@ def _install_operators() -> None:
     # ``tile.broadcast_to(shape)``, the method form public kernels use (RMSNorm tutorial)
     Tile.broadcast_to = lambda self, shape: broadcast_to(self, shape)  # type: ignore[attr-defined]
     Tile.ap = access_pattern  # type: ignore[attr-defined]
+    Tile.vector_select = vector_select  # type: ignore[attr-defined]
+    Tile.is_indirect = lambda self: False  # type: ignore[attr-defined]
 
 
 _install_operators()
