@@ -165,19 +165,52 @@ def scalar_load(src: Any) -> NkiScalar:
     return NkiScalar(_one_element(src, "nisa.scalar_load"))
 
 
+def _register_loop(what: str) -> None:
+    if interpreter.current().no_reorder_depth:
+        raise NkiError(
+            f"{what}: register-based dynamic loops are not supported inside nl.no_reorder() "
+            "(static loops are: affine_range, sequential_range, static_range)"
+        )
+
+
 def fori_loop(lower: Any, upper: Any, body_fun: Callable[[Any], None], step: int = 1) -> None:
     """Calls ``body_fun(i)`` for i from `lower` to `upper` (exclusive) by `step`; i is a
     register holding the iteration's value (writing it does not change the loop)."""
+    for i in dynamic_range(lower, upper, step, what="nl.fori_loop"):
+        body_fun(i)
+
+
+def dynamic_range(start: Any, stop: Any = None, step: int = 1, *, what: str = "") -> Any:
+    """The iterations of a loop whose bounds may be registers, on the device: registers
+    holding start, start + step, ... below stop."""
+    what = what or "nl.dynamic_range"
+    _register_loop(what)
+    if stop is None:
+        start, stop = 0, start
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or step <= 0:
-        raise NkiError(f"nl.fori_loop: step must be a positive Python int, not {step!r}")
-    first, last = _value(lower, "nl.fori_loop"), _value(upper, "nl.fori_loop")
+        raise NkiError(f"{what}: step must be a positive Python int, not {step!r}")
+    first, last = _value(start, what), _value(stop, what)
     for i in range(first, last, int(step)):
-        body_fun(VirtualRegister(i))
+        yield VirtualRegister(i)
+
+
+class no_reorder:  # noqa: N801  (NKI's name)
+    """``with nl.no_reorder():`` keeps the block's instructions in program order. The
+    interpreter runs every instruction in program order already; the block refuses the
+    register-based loops NKI refuses inside it."""
+
+    def __enter__(self) -> no_reorder:
+        interpreter.current().no_reorder_depth += 1
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        interpreter.current().no_reorder_depth -= 1
 
 
 def while_loop(init: Any, body_fun: Callable[[Any], Any]) -> None:
     """Calls ``r = body_fun(r)`` while the condition register r is nonzero (checked before
     each iteration: a zero `init` runs no iteration)."""
+    _register_loop("nl.while_loop")
     condition = _value(init, "nl.while_loop")
     while condition != 0:
         following = body_fun(VirtualRegister(condition))

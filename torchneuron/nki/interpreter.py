@@ -104,6 +104,8 @@ class Launch:
         self.occupancy = Occupancy()
         self.data_dependent = False  # control flow read a device value (control_flow.py)
         self.uses_access_patterns = False  # tensor.ap(), not lowered (access_patterns.py)
+        self.random: np.random.Generator | None = None  # nl.rand/dropout (random_numbers.py)
+        self.no_reorder_depth = 0  # inside `with nl.no_reorder():` (control_flow.py)
         self.usage = Usage()
         self.shared: list[Storage] = []
         self.shared_cursor = 0

@@ -13,10 +13,17 @@ from typing import Any
 
 import numpy as np
 
-from . import dtypes, indirect_dma, interpreter, ops
+from . import dtypes, indirect_dma, interpreter, ops, tensor_views
 from .access_patterns import access_pattern
 from .chip_profile import BN_STATS_FMAX, GEMM_MOVING_FMAX, GEMM_STATIONARY_FMAX, PARTITIONS
-from .control_flow import NkiScalar, fori_loop, if_else, while_loop  # noqa: F401
+from .control_flow import (  # noqa: F401
+    NkiScalar,
+    dynamic_range,
+    fori_loop,
+    if_else,
+    no_reorder,
+    while_loop,
+)
 from .dtypes import (  # noqa: F401  (re-exported NKI names)
     bfloat16,
     bool_,
@@ -37,6 +44,77 @@ from .dtypes import host as _host_dtype
 from .errors import NkiError
 from .indexing import arange, ds, mgrid  # noqa: F401
 from .indirect_dma import VectorIndirectView, vector_select
+from .language_math import (  # noqa: F401  (nl's math functions)
+    abs,
+    abs_max,
+    abs_min,
+    add,
+    all,
+    arctan,
+    bitwise_and,
+    bitwise_or,
+    bitwise_xor,
+    ceil,
+    cos,
+    divide,
+    equal,
+    erf,
+    erf_dx,
+    exp,
+    floor,
+    fmod,
+    gather_flattened,
+    gelu,
+    gelu_apprx_sigmoid,
+    gelu_apprx_sigmoid_dx,
+    gelu_apprx_tanh,
+    gelu_dx,
+    greater,
+    greater_equal,
+    invert,
+    left_shift,
+    less,
+    less_equal,
+    log,
+    logical_and,
+    logical_not,
+    logical_or,
+    logical_xor,
+    max,
+    maximum,
+    mean,
+    min,
+    minimum,
+    mish,
+    mod,
+    multiply,
+    negative,
+    not_equal,
+    power,
+    prod,
+    reciprocal,
+    relu,
+    right_shift,
+    rms_norm,
+    rsqrt,
+    sigmoid,
+    sign,
+    silu,
+    silu_dx,
+    sin,
+    softmax,
+    softplus,
+    sqrt,
+    square,
+    subtract,
+    sum,
+    tan,
+    tanh,
+    trunc,
+    var,
+    where,
+)
+from .random_numbers import dropout, rand, random_seed  # noqa: F401
 from .tiles import (  # noqa: F401
     IndirectAccess,
     Tile,
@@ -127,6 +205,30 @@ def shared_identity_matrix(n: int, dtype: Any = float32, **_: Any) -> Tile:
     tile = ndarray((n, n), dtype)
     interpreter.execute(lambda: np.eye(n, dtype=np.float32), [], [(tile, None, "set")], "gpsimd", n)
     return tile
+
+
+def _buffer_name(buffer: Any) -> str:
+    name = getattr(buffer, "name", buffer)
+    if not isinstance(name, str):
+        raise NkiError(f"expected a buffer (nl.sbuf, nl.psum, nl.hbm, ...), got {buffer!r}")
+    return name.lower()
+
+
+def is_hbm(buffer: Any) -> bool:
+    """Whether the buffer is device memory (nl.hbm, nl.shared_hbm, nl.private_hbm)."""
+    return _buffer_name(buffer) in ("hbm", "shared_hbm", "private_hbm")
+
+
+def is_psum(buffer: Any) -> bool:
+    return _buffer_name(buffer) == "psum"
+
+
+def is_sbuf(buffer: Any) -> bool:
+    return _buffer_name(buffer) == "sbuf"
+
+
+def is_on_chip(buffer: Any) -> bool:
+    return is_sbuf(buffer) or is_psum(buffer)
 
 
 # -- data movement ---------------------------------------------------------------------
@@ -226,191 +328,6 @@ def copy(src: Any, *, mask: Any = None, dtype: Any = None, **_: Any) -> Tile:
 
 def _dtype_of(value: Any) -> Any:
     return value.dtype if isinstance(value, Tile) else float32
-
-
-# -- elementwise math ------------------------------------------------------------------
-def _unary(name: str) -> Callable[..., Tile]:
-    def fn(x: Any, *, dtype: Any = None, mask: Any = None, **_: Any) -> Tile:
-        return ops.elementwise(
-            name, [x], dtype if dtype is not None else _float_dtype(x), mask, "scalar"
-        )
-
-    fn.__name__ = fn.__qualname__ = name
-    fn.nki_op = name  # type: ignore[attr-defined]
-    fn.__doc__ = f"Elementwise {name} (Scalar Engine)."
-    return fn
-
-
-def _float_dtype(x: Any) -> Any:
-    from . import dtypes
-
-    return x.dtype if isinstance(x, Tile) and dtypes.is_float(x.dtype) else float32
-
-
-def _binary(name: str) -> Callable[..., Tile]:
-    def fn(x: Any, y: Any, *, dtype: Any = None, mask: Any = None, **_: Any) -> Tile:
-        return ops.elementwise(name, [x, y], dtype, mask)
-
-    fn.__name__ = fn.__qualname__ = name
-    fn.nki_op = name  # type: ignore[attr-defined]
-    fn.__doc__ = f"Elementwise {name} of two tiles (or a tile and a scalar), Vector Engine."
-    return fn
-
-
-exp = _unary("exp")
-log = _unary("log")
-sqrt = _unary("sqrt")
-rsqrt = _unary("rsqrt")
-reciprocal = _unary("reciprocal")
-square = _unary("square")
-abs = _unary("abs")  # noqa: A001
-negative = _unary("negative")
-sin = _unary("sin")
-cos = _unary("cos")
-tan = _unary("tan")
-tanh = _unary("tanh")
-arctan = _unary("arctan")
-sigmoid = _unary("sigmoid")
-relu = _unary("relu")
-gelu = _unary("gelu")
-gelu_apprx_tanh = _unary("gelu_apprx_tanh")
-silu = _unary("silu")
-erf = _unary("erf")
-sign = _unary("sign")
-floor = _unary("floor")
-ceil = _unary("ceil")
-trunc = _unary("trunc")
-invert = _unary("invert")
-logical_not = _unary("logical_not")
-
-add = _binary("add")
-subtract = _binary("subtract")
-multiply = _binary("multiply")
-divide = _binary("divide")
-maximum = _binary("maximum")
-minimum = _binary("minimum")
-power = _binary("power")
-fmod = _binary("fmod")
-mod = _binary("mod")
-equal = _binary("equal")
-not_equal = _binary("not_equal")
-greater = _binary("greater")
-greater_equal = _binary("greater_equal")
-less = _binary("less")
-less_equal = _binary("less_equal")
-logical_and = _binary("logical_and")
-logical_or = _binary("logical_or")
-logical_xor = _binary("logical_xor")
-bitwise_and = _binary("bitwise_and")
-bitwise_or = _binary("bitwise_or")
-bitwise_xor = _binary("bitwise_xor")
-left_shift = _binary("left_shift")
-right_shift = _binary("right_shift")
-
-
-def where(condition: Any, x: Any, y: Any, *, dtype: Any = None, mask: Any = None, **_: Any) -> Tile:
-    """Elementwise select: `x` where `condition` is true, else `y`."""
-    values = [interpreter.operand(v) for v in (condition, x, y)]
-    for v in values:
-        ops.compute(v, "nl.where")
-    shape = ops.broadcast_shapes(values, "nl.where")
-    out = ops.new_tile(shape, ops.result_dtype(dtype, values[1:]))
-    rank = len(shape)
-    interpreter.execute(
-        lambda c, a, b: np.where(
-            ops.pad(np.asarray(c), rank) != 0, ops.pad(ops.f32(a), rank), ops.pad(ops.f32(b), rank)
-        ),
-        values,
-        [(out, mask, "set")],
-        "vector",
-        ops.free_size(shape),
-    )
-    return out
-
-
-# -- reductions ------------------------------------------------------------------------
-_REDUCE_IDENTITY = {"add": 0.0, "maximum": -np.inf, "minimum": np.inf, "multiply": 1.0}
-
-
-def _masked_reduction(
-    body: Callable[..., Any], op: str, x: Tile, mask: Any, axes: tuple[int, ...], keepdims: bool
-) -> tuple[Callable[..., Any], list[Any], Any]:
-    """(body, inputs, output mask) of a reduction whose mask covers its input."""
-    if op not in _REDUCE_IDENTITY or not ops.mask_fits(mask, x.shape):
-        raise NkiError(
-            f"a mask of shape {np.shape(mask)} fits neither the reduction's input {x.shape} "
-            "nor its output"
-        )
-    where = np.broadcast_to(np.asarray(mask, dtype=bool), x.shape)
-    identity = np.float32(_REDUCE_IDENTITY[op])
-
-    def masked(v: Any, keep: Any) -> Any:
-        return body(np.where(keep, v, identity))
-
-    return masked, [x, where], where.any(axis=axes, keepdims=keepdims)
-
-
-def _reduction(name: str, op: str) -> Callable[..., Tile]:
-    def fn(
-        x: Tile, axis: Any, *, dtype: Any = None, mask: Any = None, keepdims: bool = False, **_: Any
-    ) -> Tile:
-        ops.compute(x, f"nl.{name}")
-        axes = ops.reduce_axes(axis, len(x.shape), f"nl.{name}")
-        shape = ops.reduced_shape(x.shape, axes, keepdims)
-        out = ops.new_tile(
-            shape,
-            dtype if dtype is not None else _float_dtype(x) if op != "bitwise_or" else x.dtype,
-        )
-        body = ops.reduce_fn(op, axes, keepdims)
-        if name == "mean":
-            count = int(np.prod([x.shape[a] for a in axes]))
-            total = body
-
-            @ops.row_wise
-            def body(v: Any) -> Any:
-                return total(v) / np.float32(count)
-
-            body.lowering = ("reduce", op, axes, keepdims, False, count)  # type: ignore[attr-defined]
-
-        ins: list[Any] = [x]
-        if mask is not None and not ops.mask_fits(mask, out.shape):
-            # A mask over the reduced input's iteration space (AWS's adaptive pooling masks
-            # the pooling window): masked-off elements take no part, and the result is
-            # written where any element of its row took part.
-            body, ins, mask = _masked_reduction(body, op, x, mask, axes, keepdims)
-        interpreter.execute(body, ins, [(out, mask, "set")], "vector", ops.free_size(x.shape))
-        out.write_mask = mask
-        return out
-
-    fn.__name__ = fn.__qualname__ = name
-    fn.nki_op = op  # type: ignore[attr-defined]
-    fn.__doc__ = f"{name} over free axes `axis` (Vector Engine); axis 0 is the partition."
-    return fn
-
-
-sum = _reduction("sum", "add")  # noqa: A001
-max = _reduction("max", "maximum")  # noqa: A001
-min = _reduction("min", "minimum")  # noqa: A001
-prod = _reduction("prod", "multiply")
-mean = _reduction("mean", "add")
-
-
-def softmax(x: Tile, axis: Any, *, dtype: Any = None, mask: Any = None, **_: Any) -> Tile:
-    """Softmax over free axes."""
-    ops.compute(x, "nl.softmax")
-    axes = ops.reduce_axes(axis, len(x.shape), "nl.softmax")
-    out = ops.new_tile(x.shape, dtype if dtype is not None else _float_dtype(x))
-
-    @ops.row_wise
-    def body(v: Any) -> Any:
-        v = ops.f32(v)
-        e = np.exp(v - v.max(axis=axes, keepdims=True))
-        return e / e.sum(axis=axes, keepdims=True)
-
-    body.lowering = ("softmax", axes)  # type: ignore[attr-defined]
-
-    interpreter.execute(body, [x], [(out, mask, "set")], "scalar", 3 * ops.free_size(x.shape))
-    return out
 
 
 # -- matmul and layout -----------------------------------------------------------------
@@ -619,6 +536,8 @@ def _install_operators() -> None:
     Tile.ap = access_pattern  # type: ignore[attr-defined]
     Tile.vector_select = vector_select  # type: ignore[attr-defined]
     Tile.is_indirect = lambda self: False  # type: ignore[attr-defined]
+    for name, method in tensor_views.METHODS.items():  # NKI 0.8's NkiTensor views
+        setattr(Tile, name, method)
 
 
 _install_operators()

@@ -180,10 +180,13 @@ class Kernel:
         outputs = [s.array for s in launch.shared]
         meta = [(s.array.shape, s.dtype) for s in launch.shared]
         spec = _result_spec(result)
-        # A data-dependent launch recorded one control path of several, and access patterns
-        # are not lowered: such launches are not kept, so each call traces the kernel again
-        # (control_flow.py, access_patterns.py).
-        if compiled and not launch.data_dependent and not launch.uses_access_patterns:
+        # A data-dependent launch recorded one control path of several, access patterns are
+        # not lowered, and random numbers drawn while tracing would repeat: such launches are
+        # not kept, so each call traces the kernel again (control_flow.py, access_patterns.py,
+        # random_numbers.py).
+        drew = launch.random is not None
+        replayable = not (launch.data_dependent or launch.uses_access_patterns or drew)
+        if compiled and replayable:
             program = codegen.build(launch, len(hbm_args), len(outputs))
             bare = codegen.written_before_read(launch, len(outputs))
             self._cache[key] = _Compiled(program, meta, bare, spec, launch.usage)

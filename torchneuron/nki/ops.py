@@ -53,6 +53,30 @@ def _rsqrt(x: np.ndarray) -> np.ndarray:
     return 1.0 / np.sqrt(x)
 
 
+_TWO_OVER_SQRT_PI = np.float32(2 / math.sqrt(math.pi))
+_GELU_SIGMOID = np.float32(1.702)  # x * sigmoid(1.702 x), the sigmoid GELU approximation
+
+
+def _softplus(x: np.ndarray) -> np.ndarray:
+    return np.logaddexp(np.float32(0), x)
+
+
+def _gelu_dx(x: np.ndarray) -> np.ndarray:
+    """d/dx x Phi(x) = Phi(x) + x phi(x)."""
+    phi = np.exp(-0.5 * x * x) * np.float32(1 / math.sqrt(2 * math.pi))
+    return 0.5 * (1.0 + _erf(x * np.float32(1 / math.sqrt(2)))) + x * phi
+
+
+def _gelu_sigmoid_dx(x: np.ndarray) -> np.ndarray:
+    s = _sigmoid(_GELU_SIGMOID * x)
+    return s + _GELU_SIGMOID * x * s * (1.0 - s)
+
+
+def _silu_dx(x: np.ndarray) -> np.ndarray:
+    s = _sigmoid(x)
+    return s * (1.0 + x * (1.0 - s))
+
+
 UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "exp": np.exp,
     "log": np.log,
@@ -73,6 +97,13 @@ UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "gelu_apprx_tanh": _gelu_tanh,
     "silu": lambda x: x * _sigmoid(x),
     "erf": _erf,
+    "erf_dx": lambda x: _TWO_OVER_SQRT_PI * np.exp(-x * x),
+    "gelu_dx": _gelu_dx,
+    "gelu_apprx_sigmoid": lambda x: x * _sigmoid(_GELU_SIGMOID * x),
+    "gelu_apprx_sigmoid_dx": _gelu_sigmoid_dx,
+    "silu_dx": _silu_dx,
+    "softplus": _softplus,
+    "mish": lambda x: x * np.tanh(_softplus(x)),
     "sign": np.sign,
     "floor": np.floor,
     "ceil": np.ceil,
@@ -106,6 +137,9 @@ BINARY: dict[str, Callable[[Any, Any], Any]] = {
     "bitwise_xor": np.bitwise_xor,
     "left_shift": np.left_shift,
     "right_shift": np.right_shift,
+    # the input with the larger (smaller) magnitude, signed; y on a tie (NeuronCore-v4)
+    "abs_max": lambda x, y: np.where(np.abs(x) > np.abs(y), x, y),
+    "abs_min": lambda x, y: np.where(np.abs(x) < np.abs(y), x, y),
 }
 
 REDUCE: dict[str, Callable[..., Any]] = {

@@ -210,20 +210,9 @@ class Tile:
             and other.adv is None
         )
 
-    def reshape(self, shape: Any) -> Tile:
-        """A new view of an HBM tensor with another shape (contiguous tensors only)."""
-        if self.buffer.on_chip or self.adv is not None:
-            raise NkiError("only HBM tensors can be reshaped (tiles keep their layout)")
-        ints, _ = split_shape(shape)
-        try:
-            view = self.view.view()
-            view.shape = ints
-        except (AttributeError, ValueError) as error:
-            raise NkiError(f"cannot reshape a tensor of shape {self.shape} to {ints}") from error
-        return Tile(self.storage, self.keys + (("reshape", ints),), view)
-
     # Operators, ``t[k] = v`` and ``t += v`` are installed by language.py: they are
-    # instructions, run by the interpreter, which imports this module.
+    # instructions, run by the interpreter, which imports this module; so are the view
+    # methods (``reshape``, ``permute``, ...: tensor_views.py).
 
 
 def resolve_keys(array: np.ndarray, keys: tuple[Any, ...]) -> np.ndarray:
