@@ -78,6 +78,27 @@ def test_unary_ops(op):
     _close(got, expected)
 
 
+def test_exp_over_the_whole_float32_range():
+    """Near the top of its range exp's polynomial scales by 2^128, past float32's largest
+    exponent: exp(88.5) = 2.7e38 came out inf (AWS's memory-semantics example, whose inputs
+    reach 100, caught it). Every value from below the smallest normal result to past
+    overflow against numpy (results under 1.2e-38 flush to zero, inside atol)."""
+
+    @nki.jit
+    def kernel(x):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nl.store(out, value=nl.exp(nl.load(x)))
+        return out
+
+    x = np.linspace(-104.0, 89.5, 128 * 512, dtype=np.float32).reshape(128, 512)
+    expected, got, program = _run(kernel, x)
+    assert program.row_programs == 1
+    with np.errstate(over="ignore"):
+        _close(got, np.exp(x))
+    _close(got, expected)
+    assert np.isfinite(got[x < 88.72]).all() and np.isinf(got[x > 88.73]).all()
+
+
 @pytest.mark.parametrize("op", ["add", "subtract", "multiply", "divide", "maximum", "minimum"])
 def test_binary_ops_with_broadcast_operands(op):
     fn = getattr(nl, op)

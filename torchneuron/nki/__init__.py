@@ -22,6 +22,8 @@ from .launch import Kernel, baremetal, estimate, jit, simulate, simulate_kernel 
 from .tiles import Tile  # noqa: F401
 
 tensor = Tile  # annotation name kernels use (nki.tensor)
+# The legacy ``neuronxcc.nki.trace`` decorator AWS's API examples use with simulate_kernel.
+trace = jit
 
 __all__ = [
     "CostEstimate",
@@ -42,4 +44,5 @@ __all__ = [
     "profile",
     "simulate",
     "simulate_kernel",
+    "trace",
 ]

@@ -13,6 +13,12 @@ default) or moves nothing (``oob_mode.skip``).
 The view is resolved, at the DMA, into an ordinary tile with one index array of flat
 addresses, so the interpreter's reads and writes (and their masks) do the moving. Launches
 that use it are traced on each call, as every access pattern is (access_patterns.py).
+
+The legacy form, an HBM tensor indexed by a tile of indices (``t[idx_tile, i_f]``, a
+``tiles.IndirectAccess``), is a gather in ``nisa.dma_copy`` and a scatter in ``nisa.dma_copy``
+and ``nl.store``, with the same ``oob_mode`` rules; its index values are inputs of the
+recorded step, so the compiled path replays it with each call's indices. An index outside
+raises numpy's message with the flat element index, as AWS's simulator does.
 """
 
 from __future__ import annotations
@@ -22,10 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from . import interpreter
+from . import interpreter, ops
 from .chip_profile import PARTITIONS
 from .errors import NkiError, NkiUnsupportedError
-from .tiles import Tile
+from .tiles import IndirectAccess, Tile
 
 
 @dataclass
@@ -212,3 +218,99 @@ def _reshaper(shape: tuple[int, ...]) -> Any:
         return np.reshape(x, shape)
 
     return reshape
+
+
+# -- the legacy form: an HBM tensor indexed by a tile of indices -----------------------------
+def _index_key(access: IndirectAccess, index_values: tuple[np.ndarray, ...]) -> tuple[Any, ...]:
+    values = iter(index_values)
+    return tuple(
+        np.asarray(next(values)).astype(np.int64) if isinstance(k, Tile) else k for k in access.key
+    )
+
+
+def _outside(key: tuple[Any, ...], shape: tuple[int, ...]) -> np.ndarray:
+    """Per element of the access (broadcast), whether an index falls outside its axis."""
+    arrays = np.broadcast_arrays(*(np.asarray(k) for k in key))
+    bad = np.zeros(arrays[0].shape, dtype=bool)
+    for axis, index in enumerate(arrays):
+        bad |= (index < 0) | (index >= shape[axis])
+    return bad
+
+
+def _raise_outside(key: tuple[Any, ...], data: np.ndarray, bad: np.ndarray) -> None:
+    """The first element outside, named by its flat index as AWS's simulator names it."""
+    arrays = np.broadcast_arrays(*(np.asarray(k) for k in key))
+    first = np.unravel_index(int(np.flatnonzero(bad)[0]), bad.shape)
+    strides = [s // data.itemsize for s in data.strides]
+    flat = sum(int(a[first]) * s for a, s in zip(arrays, strides, strict=True))
+    raise IndexError(f"index {flat} is out of bounds for axis 0 with size {data.size}")
+
+
+def _kept_rows(bad: np.ndarray, oob_skip: bool, key: Any, data: np.ndarray) -> np.ndarray:
+    """Which partitions (rows of the access) move: all, unless an index is outside; then the
+    DMA raises (oob_mode.error) or those partitions move nothing (oob_mode.skip)."""
+    if bad.any() and not oob_skip:
+        _raise_outside(key, data, bad)
+    return ~bad.reshape(bad.shape[0], -1).any(axis=1)
+
+
+def legacy_copy(dst: Any, src: Any, mask: Any, oob_skip: bool, add: bool, what: str) -> None:
+    """A DMA whose source (gather) or destination (scatter) is ``t[index_tile, ...]``."""
+    gather = isinstance(src, IndirectAccess)
+    if gather and isinstance(dst, IndirectAccess):
+        raise NkiError(f"{what}: at most one side of a DMA is indirect (gather or scatter)")
+    access = src if gather else dst
+    other = interpreter.operand(dst if gather else src)
+    if not isinstance(other, Tile):
+        raise NkiError(f"{what}: the other side of an indirect DMA is a tensor or tile")
+    for index in access.index_tiles:  # on chip; read when the DMA runs
+        ops.compute(index, "an indirect DMA's indices")
+    count = int(np.prod(access.shape, dtype=np.int64))
+    if int(np.prod(other.shape, dtype=np.int64)) != count:
+        raise NkiError(f"DMA shapes differ: source {src.shape}, destination {dst.shape}")
+    nbytes = count * access.dtype.itemsize
+    launch = interpreter.current()
+    launch.usage.dma_bytes += nbytes
+    launch.usage.hbm_bytes += nbytes
+    shape = access.shape
+
+    if gather:
+        target_shape = other.shape
+
+        def gather_rows(data: np.ndarray, old: np.ndarray, *index_values: np.ndarray) -> Any:
+            key = _index_key(access, index_values)
+            bad = _outside(key, data.shape)
+            keep = _kept_rows(bad, oob_skip, key, data)
+            safe = tuple(
+                np.clip(k, 0, n - 1) if isinstance(k, np.ndarray) else k
+                for k, n in zip(key, data.shape, strict=True)
+            )
+            values = np.broadcast_to(data[safe], shape).reshape(target_shape)
+            values = values + np.asarray(old, np.float32) if add else values
+            keep = keep.reshape((-1,) + (1,) * (len(target_shape) - 1))
+            return np.where(keep, values, old)
+
+        ins = [access.tensor, other, *access.index_tiles]
+        interpreter.execute(gather_rows, ins, [(other, mask, "set")], "dma", nbytes)
+        return
+
+    def scatter_rows(data: np.ndarray, value: np.ndarray, *index_values: np.ndarray) -> Any:
+        key = _index_key(access, index_values)
+        bad = _outside(key, data.shape)
+        keep = _kept_rows(bad, oob_skip, key, data)
+        arrays = np.broadcast_arrays(*(np.asarray(k) for k in key))
+        rows = np.flatnonzero(keep)
+        picked = tuple(a[rows] for a in arrays)
+        values = np.broadcast_to(np.asarray(value, np.float32).reshape(shape), shape)[rows]
+        out = np.array(data, dtype=np.float32 if data.dtype.kind == "f" else data.dtype)
+        if add:
+            np.add.at(out, picked, values)
+        else:
+            out[picked] = values
+        return out
+
+    if mask is not None:
+        raise NkiUnsupportedError(f"{what}: mask= on an indirect store (use oob_mode)")
+    whole = access.tensor
+    ins = [whole, other, *access.index_tiles]
+    interpreter.execute(scatter_rows, ins, [(whole, None, "set")], "dma", nbytes)

@@ -105,6 +105,8 @@ class Launch:
         self.data_dependent = False  # control flow read a device value (control_flow.py)
         self.uses_access_patterns = False  # tensor.ap(), not lowered (access_patterns.py)
         self.random: np.random.Generator | None = None  # nl.rand/dropout (random_numbers.py)
+        # the Vector Engine's accumulator registers, per partition (isa_accumulate.py)
+        self.vector_accumulator: np.ndarray | None = None
         self.no_reorder_depth = 0  # inside `with nl.no_reorder():` (control_flow.py)
         self.usage = Usage()
         self.shared: list[Storage] = []

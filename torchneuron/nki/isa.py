@@ -13,7 +13,13 @@ from __future__ import annotations
 import enum
 
 # Imported for what they register: the instructions of each engine group.
-from . import isa_elementwise, isa_statistics_gpsimd_dma, isa_tensor_engine  # noqa: F401
+from . import (  # noqa: F401
+    isa_accumulate,
+    isa_elementwise,
+    isa_selection,
+    isa_statistics_gpsimd_dma,
+    isa_tensor_engine,
+)
 from .control_flow import (  # noqa: F401  (NKI's device scalars and registers)
     NkiScalar,
     VirtualRegister,

@@ -362,7 +362,8 @@ def tensor_tensor_scan(
         rows = a.shape[0]
         a = np.asarray(a, np.float32).reshape(rows, -1)
         b = np.asarray(b, np.float32).reshape(rows, -1)
-        carry = np.broadcast_to(np.asarray(init, np.float32), (rows, 1)).reshape(rows).copy()
+        init = np.asarray(init, np.float32).reshape(-1)  # a scalar, or one value a partition
+        carry = np.broadcast_to(init if init.size == rows else init[:1], (rows,)).copy()
         out = np.empty_like(a)
         for i in range(a.shape[1]):
             step = first(carry, a[:, i]) if reverse0 else first(a[:, i], carry)

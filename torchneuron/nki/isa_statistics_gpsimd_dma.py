@@ -13,7 +13,7 @@ from .errors import NkiError
 from .indirect_dma import VectorIndirectView
 from .instruction import instruction, on_chip_operand
 from .language import dma, ndarray
-from .tiles import Tile
+from .tiles import IndirectAccess, Tile
 
 
 # -- statistics --------------------------------------------------------------------------
@@ -217,12 +217,16 @@ def dma_copy(
 ) -> None:
     """Copies src to dst through a DMA queue (HBM↔SBUF, or within either); either side may
     be an indirect view (``.ap(vector_offset=...)``: a gather or scatter, indirect_dma.py)."""
-    if isinstance(dst, VectorIndirectView) or isinstance(src, VectorIndirectView):
+    indirect = (VectorIndirectView, IndirectAccess)
+    if isinstance(dst, indirect) or isinstance(src, indirect):
         add = dst_rmw_op is not None
         if add and ops.op_name(dst_rmw_op) != "add":
             raise NkiError("nisa.dma_copy: dst_rmw_op supports nl.add only")
         skip = getattr(oob_mode, "name", oob_mode) == "skip"
-        indirect_dma.copy(dst, src, mask, skip, add, "nisa.dma_copy")
+        if isinstance(dst, IndirectAccess) or isinstance(src, IndirectAccess):
+            indirect_dma.legacy_copy(dst, src, mask, skip, add, "nisa.dma_copy")
+        else:
+            indirect_dma.copy(dst, src, mask, skip, add, "nisa.dma_copy")
         return
     if not isinstance(dst, Tile) or not isinstance(src, Tile):
         raise NkiError("nisa.dma_copy takes tensors/tiles as dst and src")

@@ -8,6 +8,7 @@ and ``nl.store`` move data between HBM and SBUF, and ``nl.matmul`` returns a PSU
 from __future__ import annotations
 
 import builtins
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -201,9 +202,15 @@ def ones_like(a: Tile, dtype: Any = None, *, buffer: Any = None, **_: Any) -> Ti
     )
 
 
+# Identity matrices made by shared_identity_matrix: NKI 0.8 places them in SBUF, the legacy
+# API as an HBM constant (shared_constant's behaviour) that kernels nl.load; both read them.
+_SHARED_IDENTITIES: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
 def shared_identity_matrix(n: int, dtype: Any = float32, **_: Any) -> Tile:
     tile = ndarray((n, n), dtype)
     interpreter.execute(lambda: np.eye(n, dtype=np.float32), [], [(tile, None, "set")], "gpsimd", n)
+    _SHARED_IDENTITIES.add(tile.storage)
     return tile
 
 
@@ -246,6 +253,10 @@ def load(src: Tile, *, mask: Any = None, dtype: Any = None, **_: Any) -> Tile:
         indirect_dma.copy(tile, src, mask, False, False, "nl.load")
         return tile
     _dma_check(src, True, "nl.load")
+    if src.buffer.on_chip and src.storage in _SHARED_IDENTITIES:
+        tile = ndarray(src.shape, dtype or src.dtype)  # the legacy API's HBM constant
+        dma(tile, src, mask)
+        return tile
     if src.buffer.on_chip:
         raise NkiError(
             f"nl.load reads HBM; the source is already in {src.buffer.name} (use nl.copy)"
@@ -279,6 +290,9 @@ def store(dst: Tile, value: Any, *, mask: Any = None, **_: Any) -> None:
     """SBUF → HBM: writes `value` to the HBM access `dst`."""
     if isinstance(dst, VectorIndirectView):
         indirect_dma.copy(dst, interpreter.operand(value), mask, False, False, "nl.store")
+        return
+    if isinstance(dst, IndirectAccess):
+        indirect_dma.legacy_copy(dst, value, mask, False, False, "nl.store")
         return
     if not isinstance(dst, Tile) or dst.buffer.on_chip:
         where = dst.buffer.name if isinstance(dst, Tile) else type(dst).__name__

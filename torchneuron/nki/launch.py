@@ -181,11 +181,15 @@ class Kernel:
         meta = [(s.array.shape, s.dtype) for s in launch.shared]
         spec = _result_spec(result)
         # A data-dependent launch recorded one control path of several, access patterns are
-        # not lowered, and random numbers drawn while tracing would repeat: such launches are
-        # not kept, so each call traces the kernel again (control_flow.py, access_patterns.py,
-        # random_numbers.py).
+        # not lowered, random numbers drawn while tracing would repeat, and the Vector
+        # Engine's accumulator lives on the launch: such launches are not kept, so each call
+        # traces the kernel again (control_flow.py, access_patterns.py, random_numbers.py,
+        # isa_accumulate.py).
         drew = launch.random is not None
-        replayable = not (launch.data_dependent or launch.uses_access_patterns or drew)
+        accumulated = launch.vector_accumulator is not None
+        replayable = not (
+            launch.data_dependent or launch.uses_access_patterns or drew or accumulated
+        )
         if compiled and replayable:
             program = codegen.build(launch, len(hbm_args), len(outputs))
             bare = codegen.written_before_read(launch, len(outputs))

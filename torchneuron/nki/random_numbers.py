@@ -34,8 +34,11 @@ def random_seed(seed: Any, **_: Any) -> None:
     interpreter.current().random = np.random.default_rng(value & 0xFFFFFFFF)
 
 
-def rand(shape: Any, dtype: Any, *, buffer: Any = None, name: str = "", **_: Any) -> Tile:
-    """A new tile of uniform random values in [0, 1)."""
+def rand(
+    shape: Any, dtype: Any = np.float32, *, buffer: Any = None, name: str = "", **_: Any
+) -> Tile:
+    """A new tile of uniform random values in [0, 1) (float32 unless `dtype`, as the legacy
+    ``nl.rand(shape)``)."""
     from .language import ndarray
 
     tile = ndarray(shape, dtype, buffer=buffer) if buffer is not None else ndarray(shape, dtype)

@@ -30,10 +30,15 @@ static inline float op_exp(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   float y = p * r * r + r + 1.0f;
-  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  // 2^n as float bits; n reaches 128 just below the clamp (x > 88.03), past the largest
+  // exponent, so that case scales by 2^127 and then by 2
+  int32_t e = static_cast<int32_t>(n);
+  float twice = e > 127 ? 2.0f : 1.0f;
+  e = e > 127 ? 127 : e;
+  int32_t bits = (e + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof scale);
-  y = y * scale;
+  y = y * scale * twice;
   y = x > hi ? INFINITY : y;
   y = x < lo ? 0.0f : y;
   return x != x ? x : y;

@@ -155,6 +155,10 @@ class Tile:
         return f"Tile(shape={self.shape}, dtype={dtypes.name(self.dtype)}, buffer={self.buffer})"
 
     def __bool__(self) -> bool:
+        if not self.buffer.on_chip and self.adv is None:
+            # a tensor in device memory is an object, not a value: ``if out_tensor:`` (an
+            # optional argument's presence) is true, as in AWS's tracer
+            return True
         raise NkiError(
             "a tile's values are not known while the kernel is traced: control flow cannot "
             "depend on them (use mask=, nl.where or nisa.affine_select)"
