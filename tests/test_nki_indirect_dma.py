@@ -154,3 +154,61 @@ def test_malformed_indirect_views_are_refused(make, message: str) -> None:
     x = RNG.standard_normal((64, 16), dtype=np.float32)
     with pytest.raises(NkiError, match=message):
         kernel(x, np.zeros((64, 1), np.int32))
+
+
+# -- the legacy form: t[index_tile, ...] (found missing by AWS's API examples) --------------
+@nki.jit
+def legacy_gather(data, indices, skip):
+    rows = indices.shape[0]
+    out = nl.ndarray((rows, data.shape[1]), dtype=data.dtype, buffer=nl.shared_hbm)
+    i_p = nl.arange(rows)[:, None]
+    i_f = nl.arange(data.shape[1])[None, :]
+    idx = nl.load(indices[i_p, nl.arange(1)[None, :]])
+    tile = nisa.memset(shape=(rows, data.shape[1]), value=-1.0, dtype=data.dtype)
+    mode = nisa.oob_mode.skip if skip else nisa.oob_mode.error
+    nisa.dma_copy(src=data[idx, i_f], dst=tile[i_p, i_f], oob_mode=mode)
+    nl.store(out, value=tile)
+    return out
+
+
+def test_legacy_indirect_gather_with_each_oob_mode() -> None:
+    data = RNG.standard_normal((128, 64), dtype=np.float32)
+    for run in _runs(legacy_gather):  # the compiled path replays with each call's indices
+        indices = RNG.integers(0, 128, size=(32, 1)).astype(np.int32)
+        np.testing.assert_array_equal(run(data, indices, False), data[indices[:, 0]])
+    indices[[4, 9]] = [[130], [-1]]
+    expected = data[np.clip(indices[:, 0], 0, 127)]
+    expected[[4, 9]] = -1.0
+    np.testing.assert_array_equal(legacy_gather(data, indices, True), expected)
+    # as AWS's simulator words it: the first element outside, as a flat index
+    with pytest.raises(IndexError, match="^index 8320 is out of bounds for axis 0 with size 8192$"):
+        legacy_gather(data, indices, False)
+
+
+@nki.jit
+def legacy_scatter(rows, indices, add):
+    n, m = rows.shape
+    out = nl.ndarray((128, m), dtype=rows.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=nisa.memset(shape=(128, m), value=1.0, dtype=rows.dtype))
+    i_p = nl.arange(n)[:, None]
+    i_f = nl.arange(m)[None, :]
+    idx = nl.load(indices[i_p, nl.arange(1)[None, :]])
+    tile = nl.load(rows)
+    if add:
+        nisa.dma_copy(dst=out[idx, i_f], src=tile, dst_rmw_op=np.add)
+    else:
+        nl.store(out[idx[i_p, 0], i_f], value=tile)
+    return out
+
+
+def test_legacy_indirect_scatter_and_scatter_add() -> None:
+    for run in _runs(legacy_scatter):
+        rows = RNG.standard_normal((48, 16), dtype=np.float32)
+        distinct = RNG.permutation(128)[:48].reshape(48, 1).astype(np.int32)
+        expected = np.ones((128, 16), np.float32)
+        expected[distinct[:, 0]] = rows
+        np.testing.assert_array_equal(run(rows, distinct, False), expected)
+        repeated = RNG.integers(0, 20, size=(48, 1)).astype(np.int32)
+        expected = np.ones((128, 16), np.float64)
+        np.add.at(expected, repeated[:, 0], rows)
+        np.testing.assert_allclose(run(rows, repeated, True), expected, rtol=1e-6, atol=1e-6)
