@@ -561,3 +561,43 @@ def test_samples_command_on_a_checkout_laid_out_as_aws(tmp_path: Path) -> None:
         ).returncode
         == 2
     )
+
+
+API_EXAMPLE = """
+import unittest
+import numpy as np
+import neuronxcc.nki as nki
+import neuronxcc.nki.isa as nisa
+import neuronxcc.nki.language as nl
+
+@nki.jit(mode="simulation")
+def top(a_tensor):
+    out = nl.ndarray([a_tensor.shape[0], 8], dtype=a_tensor.dtype, buffer=nl.shared_hbm)
+    nl.store(out, value=nisa.max8(src=nl.load(a_tensor)))
+    return out
+
+class TestTop(unittest.TestCase):
+    def test_max8(self):
+        a = np.random.random_sample([16, 64]).astype(np.float32)
+        self.assertTrue(np.allclose(top(a), -np.sort(-a, axis=1)[:, :8]))
+"""
+
+
+def test_samples_command_on_the_api_examples_of_an_aws_neuron_sdk_checkout(tmp_path: Path) -> None:
+    """aws-neuron-sdk's nki/test layout: unittest files; a module that cannot be imported is
+    reported and the others still run."""
+    (tmp_path / "nki" / "test").mkdir(parents=True)
+    (tmp_path / "nki" / "test" / "test_top.py").write_text(textwrap.dedent(API_EXAMPLE))
+    (tmp_path / "nki" / "test" / "test_gone.py").write_text("import neuronxcc.nki.missing\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "torchneuron.nki.samples", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "aws-neuron/aws-neuron-sdk (nki/test)" in done.stdout
+    rows = {line.split(" | ")[0].strip("| "): line for line in done.stdout.splitlines()}
+    assert "| passed | passed |" in rows["test_top.py::test_max8"]
+    assert "| error | error |" in rows["test_gone.py"]
+    assert "interpret: 1 of 2 passed" in done.stdout and "compiled: 1 of 2 passed" in done.stdout

@@ -6,11 +6,13 @@ so the compiled path still rounds)."""
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 import torch
 
 import torchneuron.nki as nki
+import torchneuron.nki.isa as nisa
 import torchneuron.nki.language as nl
 
 
@@ -91,3 +93,23 @@ def test_precise_fp_off_keeps_low_precision_values_unrounded_in_the_simulator(
     monkeypatch.setenv("NKI_PRECISE_FP", "off")
     with pytest.raises(ValueError, match="NKI_PRECISE_FP='off': use 1 or 0"):
         _bf16_increment.interpret(a, b)
+
+
+@nki.jit
+def _bf16_activation_stored(x):
+    """An activation written to a bfloat16 tile, then stored to a float32 output (AWS's
+    activation example, which reads the stored values back)."""
+    out = nl.ndarray(x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+    nl.store(out, value=nisa.activation(op=np.square, data=nl.load(x), dtype=nl.bfloat16))
+    return out
+
+
+def test_a_bfloat16_tile_stored_to_float32_is_rounded_in_the_compiled_path_too() -> None:
+    """The compiled path used to write the activation straight into the float32 output (a
+    store of a tile written once becomes its producer's write) and skipped the tile's
+    rounding: 0.4% apart from the interpreter and the hardware."""
+    x = np.random.default_rng(1).uniform(1, 300, size=(128, 64)).astype(np.float32)
+    expected = np.square(x).astype(ml_dtypes.bfloat16).astype(np.float32)
+    np.testing.assert_array_equal(_bf16_activation_stored.interpret(x), expected)
+    _bf16_activation_stored(x)  # traced
+    np.testing.assert_array_equal(_bf16_activation_stored(x), expected)

@@ -452,7 +452,11 @@ def _store_in_place_once(launch: Launch, steps: list[Step]) -> list[Step]:
             continue
         if launch.arrays[src.sid].dtype != np.float32 or launch.arrays[dst.sid].dtype != np.float32:
             continue
-        if dtypes.needs_rounding(launch.nki_dtypes[dst.sid]):
+        # a bfloat16 tile rounds what its producer writes: written straight to a float32
+        # output instead, the value would skip that rounding
+        if dtypes.needs_rounding(launch.nki_dtypes[dst.sid]) or dtypes.needs_rounding(
+            launch.nki_dtypes[src.sid]
+        ):
             continue
         if resolve_keys(launch.arrays[dst.sid], dst.keys).shape != launch.arrays[src.sid].shape:
             continue

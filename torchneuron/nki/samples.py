@@ -1,5 +1,6 @@
 """python -m torchneuron.nki.samples PATH: AWS's public NKI samples, run unchanged on a local
-checkout of aws-neuron/nki-samples, in both execution paths, with a table of the outcomes.
+checkout of aws-neuron/nki-samples or of aws-neuron/aws-neuron-sdk, in both execution paths,
+with a table of the outcomes.
 
 What runs (nothing of the checkout is copied; only its imports are redirected, by
 ``install_aliases()``):
@@ -9,7 +10,9 @@ What runs (nothing of the checkout is copied; only its imports are redirected, b
   with ``src/`` on the path as the tests' README asks;
 - every tutorial kernel file with a ``__main__`` block (``src/**/*_nki_kernel*.py``), run
   with its default arguments; it passes when the block runs to its end, so it checks what
-  the block checks (most compare with numpy; some only that the kernel runs).
+  the block checks (most compare with numpy; some only that the kernel runs);
+- of an aws-neuron-sdk checkout, the NKI API examples (``nki/test``): the unittest files
+  whose kernels the API reference quotes, each checked against numpy.
 
 Each runs in its own process per execution path: ``interpret`` (the reference interpreter
 for every call) and ``compiled`` (each kernel call is traced once on copies of its inputs,
@@ -82,14 +85,15 @@ def _first_line(text: str) -> str:
     return (errors[-1] if errors else lines[-1] if lines else "").removeprefix("E ").strip()[:160]
 
 
-def run_unit_tests(root: Path, path: str, select: str | None) -> list[Outcome]:
-    unit = root / "test" / "unit"
-    if not unit.is_dir():
-        return []
+def _run_pytest(
+    directory: Path, extra: list[str], path: str, select: str | None, pythonpath: list[Path]
+) -> list[Outcome]:
+    """The tests under `directory`, run by pytest in a process of their own with NKI imports
+    redirected and every kernel call taking `path`; one outcome per test."""
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.xml"
         command = [
-            sys.executable, "-m", "pytest", str(unit), "--simulation-only", "-q",
+            sys.executable, "-m", "pytest", str(directory), *extra, "-q",
             "-p", "torchneuron.nki.samples", "-p", "no:cacheprovider", f"--junitxml={report}",
         ]  # fmt: skip
         if select:
@@ -97,11 +101,13 @@ def run_unit_tests(root: Path, path: str, select: str | None) -> list[Outcome]:
         env = {
             **os.environ,
             _ENV: path,
-            "PYTHONPATH": os.pathsep.join([str(root / "src"), os.environ.get("PYTHONPATH", "")]),
+            "PYTHONPATH": os.pathsep.join(
+                [*map(str, pythonpath), os.environ.get("PYTHONPATH", "")]
+            ),
         }
-        done = subprocess.run(command, cwd=unit, env=env, capture_output=True, text=True)
+        done = subprocess.run(command, cwd=directory, env=env, capture_output=True, text=True)
         if not report.exists():
-            return [Outcome("test/unit", path, "error", _first_line(done.stdout + done.stderr))]
+            return [Outcome(directory.name, path, "error", _first_line(done.stdout + done.stderr))]
         outcomes = []
         for case in ElementTree.parse(report).getroot().iter("testcase"):
             module = case.get("classname", "").split(".")[0]
@@ -118,6 +124,21 @@ def run_unit_tests(root: Path, path: str, select: str | None) -> list[Outcome]:
                         message = _first_line(found.text or "") or message
             outcomes.append(Outcome(name, path, status, message))
         return outcomes
+
+
+def run_unit_tests(root: Path, path: str, select: str | None) -> list[Outcome]:
+    """aws-neuron/nki-samples' unit tests (``test/unit``), numeric tests only, with ``src/``
+    on the path as their README asks."""
+    unit = root / "test" / "unit"
+    if not unit.is_dir():
+        return []
+    return _run_pytest(unit, ["--simulation-only"], path, select, [root / "src"])
+
+
+def run_api_examples(root: Path, path: str, select: str | None) -> list[Outcome]:
+    """aws-neuron/aws-neuron-sdk's NKI API examples (``nki/test``): unittest files whose
+    kernels the API reference quotes, each checking its kernel against numpy."""
+    return _run_pytest(root / "nki" / "test", ["--continue-on-collection-errors"], path, select, [])
 
 
 def tutorial_files(root: Path) -> list[Path]:
@@ -173,26 +194,35 @@ def table(outcomes: list[Outcome], paths: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torchneuron.nki.samples", description=__doc__)
-    parser.add_argument("path", type=Path, help="a checkout of aws-neuron/nki-samples")
+    parser.add_argument(
+        "path", type=Path, help="a checkout of aws-neuron/nki-samples or aws-neuron/aws-neuron-sdk"
+    )
     parser.add_argument("--execution", choices=(*PATHS, "both"), default="both")
     parser.add_argument("-k", dest="select", help="only unit tests matching this expression")
     parser.add_argument("--no-tutorials", action="store_true")
     parser.add_argument("--no-unit-tests", action="store_true")
     a = parser.parse_args(argv)
     root = a.path.resolve()
-    if not (root / "src").is_dir():
+    api_examples = (root / "nki" / "test").is_dir() and not (root / "src").is_dir()
+    if not (root / "src").is_dir() and not api_examples:
         print(
-            f"error: {root} has no src/: not a checkout of aws-neuron/nki-samples", file=sys.stderr
+            f"error: {root} has neither src/ nor nki/test/: not a checkout of "
+            "aws-neuron/nki-samples or aws-neuron/aws-neuron-sdk",
+            file=sys.stderr,
         )
         return 2
     paths = list(PATHS) if a.execution == "both" else [a.execution]
     outcomes: list[Outcome] = []
     for path in paths:
+        if api_examples:
+            outcomes += run_api_examples(root, path, a.select)
+            continue
         if not a.no_unit_tests:
             outcomes += run_unit_tests(root, path, a.select)
         if not a.no_tutorials:
             outcomes += [run_tutorial(root, f, path) for f in tutorial_files(root)]
-    print(f"aws-neuron/nki-samples at {commit_of(root)}")
+    checkout = "aws-neuron/aws-neuron-sdk (nki/test)" if api_examples else "aws-neuron/nki-samples"
+    print(f"{checkout} at {commit_of(root)}")
     print(table(outcomes, paths))
     return 0 if all(o.status in ("passed", "skipped") for o in outcomes) else 1
 
