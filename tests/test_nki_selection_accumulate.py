@@ -254,3 +254,78 @@ def test_helpers_the_legacy_examples_rely_on() -> None:
 
     with pytest.raises(NkiError, match="values are not known while the kernel is traced"):
         branches_on_values(x)
+
+
+def test_stream_shuffle_local_gather_dma_transpose_and_sequence_bounds() -> None:
+    @nki.jit
+    def kernel(x, table, index, ids):
+        shuffled = nl.ndarray((64, 16), dtype=nl.float32, buffer=nl.shared_hbm)
+        gathered = nl.ndarray((32, 6, 2), dtype=nl.float32, buffer=nl.shared_hbm)
+        turned = nl.ndarray((16, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+        bounds = nl.ndarray((1, 2, ids.shape[1]), dtype=nl.float32, buffer=nl.shared_hbm)
+        tile = nl.load(x)
+        out = nl.ndarray((64, 16), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.memset(dst=out, value=-1.0)
+        mask = [(i + 3) % 32 for i in range(31)] + [255]  # the last partition kept
+        nisa.nc_stream_shuffle(dst=out, src=tile, shuffle_mask=mask)
+        nl.store(shuffled, value=out)
+        picked = nl.ndarray((32, 6, 2), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.local_gather(
+            picked, nl.load(table), nl.load(index), num_elem_per_idx=2, num_valid_indices=6
+        )
+        nl.store(gathered, value=picked)
+        nl.store(turned, value=nisa.dma_transpose(x))
+        nl.store(bounds, value=nisa.sequence_bounds(segment_ids=nl.load(ids)))
+        return shuffled, gathered, turned, bounds
+
+    for run in _runs(kernel):
+        x = RNG.standard_normal((64, 16)).astype(np.float32)
+        table = RNG.standard_normal((32, 40)).astype(np.float32)
+        index = np.tile(RNG.integers(0, 19, size=(16, 1)) * 2, (2, 1)).astype(np.uint16)
+        ids = np.array([[0, 3, 3, 5, 5, 5, 0, 2]], np.float32)
+        shuffled, gathered, turned, bounds = run(x, table, index, ids)
+        expected = np.full((64, 16), -1.0, np.float32)
+        for q in range(2):
+            for i in range(31):
+                expected[q * 32 + i] = x[q * 32 + (i + 3) % 32]
+        np.testing.assert_array_equal(shuffled, expected)
+        for core in range(2):
+            rows = slice(core * 16, (core + 1) * 16)
+            starts = index[rows].flatten(order="F")[:6]
+            columns = (starts[:, None] + np.arange(2)).reshape(-1)
+            np.testing.assert_array_equal(gathered[rows].reshape(16, -1), table[rows][:, columns])
+        np.testing.assert_array_equal(turned, x.T)
+        n = ids.shape[1]
+        np.testing.assert_array_equal(
+            bounds[0], [[n, 1, 1, 3, 3, 3, n, 7], [-1, 3, 3, 6, 6, 6, -1, 8]]
+        )
+
+
+def test_dropout_instruction_and_float8_tiles() -> None:
+    """nisa.dropout zeroes at its rate (per partition here) and keeps the rest; a float8 tile
+    rounds as its format does (ml_dtypes: e4m3 to 3 mantissa bits, up to 240; e5m2 to 2)."""
+
+    @nki.jit
+    def kernel(x, rates):
+        out = nl.ndarray((3,) + x.shape, dtype=nl.float32, buffer=nl.shared_hbm)
+        tile = nl.load(x)
+        nl.store(out[0], value=nisa.dropout(tile, prob=nl.load(rates)))
+        for n, dtype in ((1, nl.float8_e4m3), (2, nl.float8_e5m2)):
+            narrow = nl.ndarray(x.shape, dtype=dtype, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=narrow, src=tile)
+            nl.store(out[n], value=narrow)
+        return out
+
+    import ml_dtypes
+
+    x = RNG.uniform(1, 300, size=(128, 256)).astype(np.float32)
+    rates = np.where(np.arange(128) < 64, 0.0, 0.5).astype(np.float32).reshape(128, 1)
+    out = kernel(x, rates)
+    np.testing.assert_array_equal(out[0][:64], x[:64])
+    kept = out[0][64:] != 0
+    assert abs(kept.mean() - 0.5) < 0.02
+    np.testing.assert_array_equal(out[0][64:][kept], x[64:][kept])
+    e4m3 = x.astype(ml_dtypes.float8_e4m3).astype(np.float32)
+    np.testing.assert_array_equal(out[1], e4m3)
+    assert np.isinf(out[1][x > 248]).all() and np.isfinite(out[1][x < 232]).all()
+    np.testing.assert_array_equal(out[2], x.astype(ml_dtypes.float8_e5m2).astype(np.float32))

@@ -46,5 +46,10 @@ def install_aliases(legacy: bool = True, new: bool = True) -> list[str]:
         modules = (("language", language), ("isa", isa), ("typing", typing), ("compiler", compiler))
         for name, module in modules:
             sys.modules[f"{root}.{name}"] = module
+        # ``from neuronxcc.nki.isa.constants import dge_mode`` (AWS's API examples)
+        constants = types.ModuleType(f"{root}.isa.constants")
+        for name in ("dge_mode", "oob_mode", "reduce_cmd", "engine", "nc_version"):
+            setattr(constants, name, getattr(isa, name))
+        sys.modules[constants.__name__] = constants
         installed.append(root)
     return installed

@@ -1,9 +1,12 @@
 """NKI data types and how the simulator stores them.
 
-Most NKI dtypes are numpy dtypes. numpy has no bfloat16 or tfloat32, so those are named
-types stored as float32 and rounded (to nearest, ties to even) whenever a value is written
-to a tile of that type, which is what the hardware's narrower storage does to the value.
-float8 types are named so kernels import, but computing with them raises.
+Most NKI dtypes are numpy dtypes. numpy has no bfloat16, tfloat32 or float8, so those are
+named types stored as float32 and rounded (to nearest, ties to even) whenever a value is
+written to a tile of that type, which is what the hardware's narrower storage does to the
+value. float8 values are rounded through ml_dtypes' formats of the same layout: the legacy
+``float8_e4m3`` as ml_dtypes' IEEE-style float8_e4m3 (largest 240, overflow to infinity),
+``float8_e4m3fn`` as OCP's (largest 448, no infinity), ``float8_e5m2`` as IEEE-style
+(largest 57344); subnormals are kept.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import NkiError, NkiUnsupportedError
+from .errors import NkiError
 
 
 class NamedDtype:
@@ -48,8 +51,9 @@ class NamedDtype:
 
 bfloat16 = NamedDtype("bfloat16", 7, 2, "bfloat16")
 tfloat32 = NamedDtype("tfloat32", 10, 4)
-float8_e4m3 = NamedDtype("float8_e4m3", None, 1)
-float8_e5m2 = NamedDtype("float8_e5m2", None, 1)
+float8_e4m3 = NamedDtype("float8_e4m3", 3, 1, "float8_e4m3")
+float8_e5m2 = NamedDtype("float8_e5m2", 2, 1, "float8_e5m2")
+float8_e4m3fn = NamedDtype("float8_e4m3fn", 3, 1, "float8_e4m3fn")
 
 float32 = np.dtype(np.float32)
 float16 = np.dtype(np.float16)
@@ -96,7 +100,7 @@ def _canonical(dtype: Any) -> Dtype:
     return result
 
 
-_NAMED = {d.name: d for d in (bfloat16, tfloat32, float8_e4m3, float8_e5m2)}
+_NAMED = {d.name: d for d in (bfloat16, tfloat32, float8_e4m3, float8_e5m2, float8_e4m3fn)}
 _CANONICAL: dict[np.dtype, Dtype] = {}  # numpy dtypes already checked (errors are not kept)
 
 
@@ -108,8 +112,6 @@ def host(dtype: Dtype) -> np.dtype:
 def storage(dtype: Dtype) -> np.dtype:
     """The numpy dtype holding values of `dtype` in the simulator."""
     if isinstance(dtype, NamedDtype):
-        if dtype.mantissa_bits is None:
-            raise NkiUnsupportedError(f"{dtype!r} tiles are not supported by the simulator")
         return float32
     return dtype
 
@@ -128,6 +130,8 @@ def name(dtype: Dtype) -> str:
 
 def round_to(values: np.ndarray, dtype: Dtype) -> np.ndarray:
     """`values` converted to what a tile of `dtype` holds (in its storage dtype)."""
+    if isinstance(dtype, NamedDtype) and dtype.itemsize == 1:  # float8: its own range too
+        return np.asarray(values, dtype=np.float32).astype(dtype.dtype).astype(np.float32)
     if isinstance(dtype, NamedDtype):
         bits = np.asarray(values, dtype=np.float32).view(np.uint32)
         drop = 23 - dtype.mantissa_bits

@@ -19,7 +19,17 @@ from .tiles import Tile
 
 # Parameters that hold tiles in destination-first signatures: a call binding tiles to all of
 # them is the new form.
-_TILE_PARAMS = ("dst", "data", "data1", "data2", "src", "stationary", "moving")
+_TILE_PARAMS = (
+    "dst",
+    "data",
+    "data1",
+    "data2",
+    "src",
+    "stationary",
+    "moving",
+    "src_buffer",
+    "index",
+)
 
 
 class Instruction:

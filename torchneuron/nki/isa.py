@@ -15,6 +15,7 @@ import enum
 # Imported for what they register: the instructions of each engine group.
 from . import (  # noqa: F401
     isa_accumulate,
+    isa_data_movement,
     isa_elementwise,
     isa_selection,
     isa_statistics_gpsimd_dma,

@@ -29,6 +29,7 @@ from .dtypes import (  # noqa: F401  (re-exported NKI names)
     bfloat16,
     bool_,
     float8_e4m3,
+    float8_e4m3fn,
     float8_e5m2,
     float16,
     float32,

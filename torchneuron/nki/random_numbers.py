@@ -19,7 +19,8 @@ from .errors import NkiError
 from .tiles import Tile
 
 
-def _generator() -> np.random.Generator:
+def generator() -> np.random.Generator:
+    """The launch's generator (seed 0 until nl.random_seed)."""
     launch = interpreter.current()
     if launch.random is None:
         launch.random = np.random.default_rng(0)
@@ -42,9 +43,9 @@ def rand(
     from .language import ndarray
 
     tile = ndarray(shape, dtype, buffer=buffer) if buffer is not None else ndarray(shape, dtype)
-    generator = _generator()
+    draws = generator()
     interpreter.execute(
-        lambda: generator.random(tile.shape, dtype=np.float32),
+        lambda: draws.random(tile.shape, dtype=np.float32),
         [],
         [(tile, None, "set")],
         "gpsimd",
@@ -69,12 +70,12 @@ def dropout(x: Any, rate: Any, *, dtype: Any = None, mask: Any = None, **_: Any)
     elif not 0.0 <= float(rate) <= 1.0:
         raise NkiError(f"nl.dropout: rate {rate} is not a probability in [0, 1]")
     out = ops.new_tile(x.shape, ops.result_dtype(dtype, [x]))
-    generator = _generator()
+    draws = generator()
     rank = len(x.shape)
 
     def body(v: Any, *rates: Any) -> Any:
         p = ops.pad(np.asarray(rates[0], np.float32), rank) if rates else np.float32(rate)
-        keep = generator.random(v.shape, dtype=np.float32) >= p
+        keep = draws.random(v.shape, dtype=np.float32) >= p
         return np.where(keep, ops.f32(v), np.float32(0))
 
     ins = [x, rate] if isinstance(rate, Tile) else [x]
