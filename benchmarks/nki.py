@@ -120,6 +120,7 @@ def main() -> None:
     header = ("kernel", "compiled", "numpy", "interp", "eager", "eager-1t", "c/eager", "c/eager-1t")
     print(f"{header[0]:36}" + "".join(f"{h:>11}" for h in header[1:]))
     estimates = []
+    launches = []
     for name, kernel, inputs, eager in _cases():
         compiled = _with_mode("auto", lambda kernel=kernel, inputs=inputs: kernel(*inputs))
         numpy_program = _with_mode("never", lambda kernel=kernel, inputs=inputs: kernel(*inputs))
@@ -140,8 +141,31 @@ def main() -> None:
             + f"{best[0] / best[2]:10.2f}x{best[0] / best[3]:10.2f}x"
         )
         estimates.append((name, nki.estimate(kernel, *inputs), best[0]))
+        launches.append((name, *_launch_split(compiled, kernel, args.repeat)))
     print(f"load average at end {os.getloadavg()[0]:.2f}")
+    _print_launches(launches)
     _print_estimates(estimates)
+
+
+def _launch_split(call, kernel, repeat: int) -> tuple[float, float, float]:  # noqa: ANN001
+    """(best call, the program within it, median launch): a compiled call timed whole, and
+    the part its program ran (Kernel.last_program_s); the launch is the rest (arguments,
+    cache lookup, outputs, and Python running with caches the program evicted)."""
+    samples = []
+    for _ in range(repeat):
+        total = _time(call)
+        samples.append((total, kernel.last_program_s))
+    best = min(samples)
+    launches = sorted(total - program for total, program in samples)
+    return best[0], best[1], launches[len(launches) // 2]
+
+
+def _print_launches(launches) -> None:  # noqa: ANN001
+    print("\nwhere a compiled call's time goes (ms; launch = the call minus its program)")
+    header = ("kernel", "call", "program", "launch")
+    print(f"{header[0]:36}" + "".join(f"{h:>11}" for h in header[1:]))
+    for name, total, program, launch in launches:
+        print(f"{name:36}{total * 1e3:11.3f}{program * 1e3:11.3f}{launch * 1e3:11.3f}")
 
 
 def _print_estimates(estimates) -> None:  # noqa: ANN001

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import itertools
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,7 @@ import numpy as np
 import torch
 
 from .. import _C
-from . import codegen, interpreter, row_programs
+from . import codegen, dtypes, interpreter, row_programs
 from .chip_profile import target_name
 from .cost import CostEstimate, from_usage
 from .errors import NkiError
@@ -36,6 +37,25 @@ class _Compiled:
     uninitialized: list[bool]  # per output: written whole before any read (no zero fill)
     result: Any  # the kernel's return structure, tiles replaced by ("input"|"output", i, keys)
     usage: Usage
+
+
+_HOST = Allocator(None)  # results of numpy-argument launches (stateless for the host)
+
+
+def _fast_key(args: tuple[Any, ...]) -> Any:
+    """The key of a call whose arguments are numpy arrays of numpy's own numeric dtypes and
+    plain scalars, with the settings a compiled program depends on; None for other calls."""
+    parts: list[Any] = []
+    for a in args:
+        if type(a) is np.ndarray:
+            if a.dtype.kind not in "fiub":  # ml_dtypes' bfloat16 runs on a float32 copy
+                return None
+            parts.append((a.shape, a.strides, a.dtype))
+        elif type(a) in (int, float, bool):
+            parts.append((type(a), a))
+        else:
+            return None
+    return tuple(parts), target_name(), row_programs.mode()
 
 
 def _signature_of(value: Any) -> Any:
@@ -82,8 +102,12 @@ class Kernel:
         self.grid = grid
         self.options = options
         self._cache: dict[Any, _Compiled] = {}
+        self._fast: dict[Any, _Compiled] = {}  # numpy-argument calls already compiled
         self._launches: dict[tuple[int, ...], Kernel] = {}  # kernel[grid], by grid
         self.last_usage: Usage | None = None
+        # seconds the compiled program of the last cached call ran (the rest of the call is
+        # the launch: benchmarks/nki.py reports it)
+        self.last_program_s = 0.0
         functools.update_wrapper(self, fn)
 
     def __getitem__(self, grid: Any) -> Kernel:
@@ -107,7 +131,31 @@ class Kernel:
             return self.fn(*args, **kwargs)  # a sub-kernel: traced into its caller
         if self.mode == "trace":
             raise NkiError("a kernel with mode='trace' runs only when called from another kernel")
-        return self.run(args, kwargs, compiled=_execution_mode() == "compiled")
+        compiled = _execution_mode() == "compiled"
+        if compiled and not kwargs:
+            entry = self._fast.get(_fast_key(args))
+            if entry is not None:
+                return self._run_fast(entry, args)
+        return self.run(args, kwargs, compiled=compiled)
+
+    def _run_fast(self, entry: _Compiled, args: tuple[Any, ...]) -> Any:
+        """A call whose arguments are numpy arrays (and scalars) of a signature already
+        compiled: what _run does for it, without the argument wrappers. Every launch pays
+        this part on top of its program (benchmarks/nki.py's "launch" column)."""
+        _C._wait_for_device_work()
+        outputs = [
+            np.empty(shape, dtypes.storage(dtype))
+            if bare
+            else np.zeros(shape, dtypes.storage(dtype))
+            for (shape, dtype), bare in zip(entry.outputs, entry.uninitialized, strict=True)
+        ]
+        arrays = [a for a in args if type(a) is np.ndarray]
+        with np.errstate(all="ignore"):
+            started = time.perf_counter()
+            entry.program(arrays + outputs)
+            self.last_program_s = time.perf_counter() - started
+        self.last_usage = entry.usage
+        return _build_results(entry.result, arrays, outputs, entry.outputs, _HOST)
 
     def cost(self, *args: Any, **kwargs: Any) -> CostEstimate:
         """Runs the kernel once with these arguments (traced on first use of the signature,
@@ -158,11 +206,16 @@ class Kernel:
         )
         entry = self._cache.get(key) if compiled else None
         if entry is not None:
+            fast = _fast_key(args) if not kwargs else None
+            if fast is not None:
+                self._fast[fast] = entry
             outputs = [
                 allocator(shape, dtype, fill=None if bare else 0)
                 for (shape, dtype), bare in zip(entry.outputs, entry.uninitialized, strict=True)
             ]
+            started = time.perf_counter()
             entry.program([a.array for a in hbm_args] + outputs)
+            self.last_program_s = time.perf_counter() - started
             self.last_usage = entry.usage
             write_back(hbm_args)
             return self._results(
