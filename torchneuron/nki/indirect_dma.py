@@ -265,6 +265,11 @@ def legacy_copy(dst: Any, src: Any, mask: Any, oob_skip: bool, add: bool, what: 
         raise NkiError(f"{what}: the other side of an indirect DMA is a tensor or tile")
     for index in access.index_tiles:  # on chip; read when the DMA runs
         ops.compute(index, "an indirect DMA's indices")
+    if any(isinstance(k, slice) for k in access.key):
+        raise NkiUnsupportedError(
+            f"{what}: index the other dimensions of an indirect access with nl.arange "
+            "expressions, not slices"
+        )
     count = int(np.prod(access.shape, dtype=np.int64))
     if int(np.prod(other.shape, dtype=np.int64)) != count:
         raise NkiError(f"DMA shapes differ: source {src.shape}, destination {dst.shape}")
