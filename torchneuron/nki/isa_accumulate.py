@@ -139,6 +139,11 @@ def _select_and_reduce(
     return selected.reshape(shape), _registers(rows)[:rows].reshape(rows, 1).copy()
 
 
+def _select_outputs(dst: Tile, mask: Any, reduce_res: Tile | None) -> list[Any]:
+    """The writes of select_reduce and range_select: dst, and reduce_res when given."""
+    return [(dst, mask, "set")] + ([] if reduce_res is None else [(reduce_res, None, "set")])
+
+
 def _reduce_res(reduce_res: Tile | None, rows: int, what: str) -> None:
     if reduce_res is not None and (reduce_res.shape[0] != rows or reduce_res.shape[1:] != (1,)):
         raise NkiError(f"{what}: reduce_res must be [{rows}, 1], got {reduce_res.shape}")
@@ -182,7 +187,7 @@ def select_reduce(
         selected = np.where(chosen, np.asarray(x, np.float32).reshape(rows, -1), _column(other))
         return _select_and_reduce(what, selected, shape, reduce_res, command, reduce_op)
 
-    outs = [(dst, mask, "set")] + ([] if reduce_res is None else [(reduce_res, None, "set")])
+    outs = _select_outputs(dst, mask, reduce_res)
     interpreter.execute(body, [predicate, on_true, on_false], outs, "vector", ops.free_size(shape))
 
 
@@ -237,7 +242,7 @@ def range_select(
         selected = np.where(keep, x, np.float32(FP32_MIN))
         return _select_and_reduce(what, selected, shape, reduce_res, command, reduce_op)
 
-    outs = [(dst, mask, "set")] + ([] if reduce_res is None else [(reduce_res, None, "set")])
+    outs = _select_outputs(dst, mask, reduce_res)
     interpreter.execute(body, [on_true_tile, *bounds], outs, "vector", ops.free_size(shape))
 
 

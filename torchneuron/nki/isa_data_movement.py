@@ -15,7 +15,7 @@ from . import interpreter, ops
 from .errors import NkiError
 from .instruction import instruction, on_chip_operand
 from .language import ndarray
-from .random_numbers import generator
+from .random_numbers import drop_into
 from .tiles import IndirectAccess, Tile
 
 QUADRANT = 32  # partitions a stream shuffle moves data within
@@ -221,26 +221,8 @@ def dropout(dst: Tile, data: Tile, prob: Any, mask: Any = None, **_: Any) -> Non
     """dst = data with each element zeroed with probability `prob` (a scalar, or a (P, 1)
     tile of per-partition probabilities), drawn from the launch's generator
     (random_numbers.py: numpy's, not the hardware's bits)."""
-    what = "nisa.dropout"
-    data = on_chip_operand(data, what)
-    prob = interpreter.operand(prob)
-    if isinstance(prob, Tile):
-        ops.compute(prob, what)
-        if prob.shape[0] != data.shape[0] or ops.free_size(prob.shape) != 1:
-            raise NkiError(f"{what}: prob is a scalar or a [{data.shape[0]}, 1] tile")
-    elif not 0.0 <= float(prob) <= 1.0:
-        raise NkiError(f"{what}: prob {prob} is not a probability in [0, 1]")
-    draws = generator()
-    rank = len(data.shape)
-
-    def body(x: Any, p: Any) -> Any:
-        p = ops.pad(np.asarray(p, np.float32), rank) if np.ndim(p) else np.float32(p)
-        keep = draws.random(np.shape(x), dtype=np.float32) >= p
-        return np.where(keep, ops.f32(x), np.float32(0))
-
-    interpreter.execute(
-        body, [data, prob], [(dst, mask, "set")], "vector", ops.free_size(data.shape)
-    )
+    data = on_chip_operand(data, "nisa.dropout")
+    drop_into(dst, data, prob, mask, "nisa.dropout", "vector")
 
 
 @dropout.legacy

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from .. import _C
-from . import codegen, dtypes, interpreter, row_programs
+from . import codegen, interpreter, row_programs
 from .chip_profile import target_name
 from .cost import CostEstimate, from_usage
 from .errors import NkiError
@@ -40,6 +40,15 @@ class _Compiled:
 
 
 _HOST = Allocator(None)  # results of numpy-argument launches (stateless for the host)
+
+
+def _outputs(entry: _Compiled, allocator: Allocator) -> list[np.ndarray]:
+    """A compiled launch's output arrays: left uninitialised where the program writes them
+    whole before reading them, zeros elsewhere."""
+    return [
+        allocator(shape, dtype, fill=None if bare else 0)
+        for (shape, dtype), bare in zip(entry.outputs, entry.uninitialized, strict=True)
+    ]
 
 
 def _fast_key(args: tuple[Any, ...]) -> Any:
@@ -132,7 +141,7 @@ class Kernel:
         if self.mode == "trace":
             raise NkiError("a kernel with mode='trace' runs only when called from another kernel")
         compiled = _execution_mode() == "compiled"
-        if compiled and not kwargs:
+        if compiled and not kwargs and self._fast:
             entry = self._fast.get(_fast_key(args))
             if entry is not None:
                 return self._run_fast(entry, args)
@@ -143,12 +152,7 @@ class Kernel:
         compiled: what _run does for it, without the argument wrappers. Every launch pays
         this part on top of its program (benchmarks/nki.py's "launch" column)."""
         _C._wait_for_device_work()
-        outputs = [
-            np.empty(shape, dtypes.storage(dtype))
-            if bare
-            else np.zeros(shape, dtypes.storage(dtype))
-            for (shape, dtype), bare in zip(entry.outputs, entry.uninitialized, strict=True)
-        ]
+        outputs = _outputs(entry, _HOST)
         arrays = [a for a in args if type(a) is np.ndarray]
         with np.errstate(all="ignore"):
             started = time.perf_counter()
@@ -209,10 +213,7 @@ class Kernel:
             fast = _fast_key(args) if not kwargs else None
             if fast is not None:
                 self._fast[fast] = entry
-            outputs = [
-                allocator(shape, dtype, fill=None if bare else 0)
-                for (shape, dtype), bare in zip(entry.outputs, entry.uninitialized, strict=True)
-            ]
+            outputs = _outputs(entry, allocator)
             started = time.perf_counter()
             entry.program([a.array for a in hbm_args] + outputs)
             self.last_program_s = time.perf_counter() - started

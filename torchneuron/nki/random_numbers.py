@@ -59,25 +59,29 @@ def dropout(x: Any, rate: Any, *, dtype: Any = None, mask: Any = None, **_: Any)
     tile of per-partition rates); kept elements are unchanged (no rescaling)."""
     x = interpreter.operand(x)
     ops.compute(x, "nl.dropout")
+    out = ops.new_tile(x.shape, ops.result_dtype(dtype, [x]))
+    drop_into(out, x, rate, mask, "nl.dropout", "gpsimd")
+    return out
+
+
+def drop_into(dst: Tile, x: Tile, rate: Any, mask: Any, what: str, engine: str) -> None:
+    """dst = x with each element zeroed with probability `rate` (nl.dropout, nisa.dropout)."""
     rate = interpreter.operand(rate)
     if isinstance(rate, Tile):
-        ops.compute(rate, "nl.dropout (rate)")
-        if rate.shape[0] != x.shape[0] or int(np.prod(rate.shape)) != rate.shape[0]:
+        ops.compute(rate, f"{what} (rate)")
+        if rate.shape[0] != x.shape[0] or ops.free_size(rate.shape) != 1:
             raise NkiError(
-                f"nl.dropout: a rate tile is ({x.shape[0]}, 1), one rate per partition; got "
+                f"{what}: a rate tile is ({x.shape[0]}, 1), one rate per partition; got "
                 f"{rate.shape}"
             )
     elif not 0.0 <= float(rate) <= 1.0:
-        raise NkiError(f"nl.dropout: rate {rate} is not a probability in [0, 1]")
-    out = ops.new_tile(x.shape, ops.result_dtype(dtype, [x]))
+        raise NkiError(f"{what}: rate {rate} is not a probability in [0, 1]")
     draws = generator()
     rank = len(x.shape)
 
-    def body(v: Any, *rates: Any) -> Any:
-        p = ops.pad(np.asarray(rates[0], np.float32), rank) if rates else np.float32(rate)
-        keep = draws.random(v.shape, dtype=np.float32) >= p
+    def body(v: Any, p: Any) -> Any:
+        p = ops.pad(np.asarray(p, np.float32), rank) if np.ndim(p) else np.float32(p)
+        keep = draws.random(np.shape(v), dtype=np.float32) >= p
         return np.where(keep, ops.f32(v), np.float32(0))
 
-    ins = [x, rate] if isinstance(rate, Tile) else [x]
-    interpreter.execute(body, ins, [(out, mask, "set")], "gpsimd", ops.free_size(x.shape))
-    return out
+    interpreter.execute(body, [x, rate], [(dst, mask, "set")], engine, ops.free_size(x.shape))
