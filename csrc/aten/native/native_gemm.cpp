@@ -27,6 +27,7 @@
 #include "memory/allocation_redirect.h"
 #include "memory/device_storage.h"
 #include "native/aten_parallel.h"
+#include "native/gemm_route.h"
 #include "native/native_kernel_switch.h"
 #include "op_registrations.h"
 #include "ops/op_tracking.h"
@@ -63,8 +64,8 @@ nk::MatrixRef matrix(const at::Tensor& t) {
 constexpr int64_t kSerialBelowMultiplyAdds = int64_t{1} << 17;
 
 // out = alpha · a·b + beta · bias over 2-D or 3-D (batched) tensors already checked.
-void run_gemm(const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias, float alpha,
-              float beta, at::Tensor& out) {
+void compute_gemm(const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias, float alpha,
+                  float beta, at::Tensor& out) {
   const bool batched = a.dim() == 3;
   nk::GemmProblem p;
   p.batch = batched ? a.size(0) : 1;
@@ -82,6 +83,12 @@ void run_gemm(const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias, 
   p.beta = beta;
   if (out.numel() == 0) return;
   nk::gemm(p, aten_parallel(p.batch * p.m * p.n * p.k, kSerialBelowMultiplyAdds));
+}
+
+// compute_gemm, counted as a product of the program (gemm_route's timing runs are not).
+void run_gemm(const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias, float alpha,
+              float beta, at::Tensor& out) {
+  compute_gemm(a, b, bias, alpha, beta, out);
   native_gemm_calls.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -101,28 +108,30 @@ std::optional<std::vector<int64_t>> native_shape(const at::Tensor& a, const at::
   return std::vector<int64_t>{a.size(0), b.size(1)};
 }
 
-// ---- bfloat16 products oneDNN computes, shared over the board --------------------------
+// ---- products PyTorch's CPU library computes, shared over the board --------------------
 
 // Where the board covers the host's CPUs the worker runs PyTorch's CPU kernels on one
-// thread (worker_intra_op_threads), so the bfloat16 products the native GEMM leaves to
-// oneDNN (more rows than gemm_preferred takes, on AVX512-BF16/AMX hosts) would leave a
-// waiting caller's core idle through most of a training step. Their output rows are split
-// in two tasks instead, each a one-thread oneDNN product, run on the board (or, without
-// one, on the calling thread's OpenMP team); the split is fixed, so the result does not
-// depend on who ran which task, on sharing or on the launch mode.
+// thread (worker_intra_op_threads), so a product left to the library (oneDNN for the bf16
+// products gemm_preferred does not take on AVX512-BF16/AMX hosts, MKL for the float32
+// classes it was measured faster for, gemm_route.h) would leave a waiting caller's core idle.
+// Their output rows are split in two tasks instead, each a one-thread library product, run
+// on the board (or, without one, on the calling thread's OpenMP team); the split is fixed,
+// so the result does not depend on who ran which task, on sharing or on the launch mode.
 constexpr int64_t kBoardProductTasks = 2;
-// Smaller products stay one oneDNN call: a chosen size (32x the native kernels' serial
+// Smaller products stay one library call: a chosen size (32x the native kernels' serial
 // bound, kSerialBelowMultiplyAdds), not a measured crossover.
 constexpr int64_t kBoardProductBelowMultiplyAdds = int64_t{1} << 22;
 
-bool takes_shared_onednn_product(const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias) {
-  if (!native_kernels_enabled() || !readable(a, a.device(), at::kBFloat16, 2) ||
-      !readable(b, a.device(), at::kBFloat16, 2) || a.size(1) != b.size(0)) {
+// Whether a 2-D product (and its addmm bias) can be computed as the library's row tasks.
+bool shareable_library_product(const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias) {
+  const at::ScalarType dtype = a.scalar_type();
+  if (!native_kernels_enabled() || !readable(a, a.device(), dtype, 2) ||
+      !readable(b, a.device(), dtype, 2) || a.size(1) != b.size(0)) {
     return false;
   }
   if (bias != nullptr) {
     // a bias PyTorch's kernel would refuse stays with it, so its error is PyTorch's
-    if (!readable(*bias, a.device(), at::kBFloat16, bias->dim()) || bias->dim() > 2) return false;
+    if (!readable(*bias, a.device(), dtype, bias->dim()) || bias->dim() > 2) return false;
     const std::vector<int64_t> shape{a.size(0), b.size(1)};
     if (!at::is_expandable_to(bias->sizes(), shape)) return false;
   }
@@ -130,11 +139,16 @@ bool takes_shared_onednn_product(const at::Tensor& a, const at::Tensor& b, const
   if (m < 2 * kBoardProductTasks || m * a.size(1) * b.size(1) < kBoardProductBelowMultiplyAdds) {
     return false;
   }
-  if (nk::gemm_preferred(nk::GemmDtype::kBFloat16, m, b.size(1), nk::isa_level())) return false;
   // Decided by the thread count alone, which launch modes and sharing leave on the same side
   // of kBoardThreads (worker_intra_op_threads): the rows a task computes, and so the
   // result, do not depend on them.
   return at::get_num_threads() <= kBoardThreads;
+}
+
+bool takes_shared_onednn_product(const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias) {
+  return a.scalar_type() == at::kBFloat16 && a.dim() == 2 && b.dim() == 2 &&
+         !nk::gemm_preferred(nk::GemmDtype::kBFloat16, a.size(0), b.size(-1), nk::isa_level()) &&
+         shareable_library_product(a, b, bias);
 }
 
 // The calling thread's OpenMP count is 1 while it lives (a helping caller keeps its own).
@@ -158,8 +172,8 @@ class OneOpenMpThread {
 };
 
 // out = mm (bias undefined) or addmm of host tensors, the rows split in fixed tasks.
-void shared_onednn_rows(const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias,
-                        const at::Scalar& beta, const at::Scalar& alpha, at::Tensor& out) {
+void shared_library_rows(const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias,
+                         const at::Scalar& beta, const at::Scalar& alpha, at::Tensor& out) {
   const int64_t m = a.size(0);
   const c10::DispatchKeySet cpu(c10::DispatchKey::CPU);
   const auto tasks = [&](int64_t first, int64_t last) {
@@ -187,19 +201,51 @@ void shared_onednn_rows(const at::Tensor& a, const at::Tensor& b, const at::Tens
 }
 
 // The same for neuron tensors, over their host aliases.
-at::Tensor shared_onednn_product(const char* name, OpCounter& counter, const at::Tensor& a,
-                                 const at::Tensor& b, const at::Tensor* bias,
-                                 const at::Scalar& beta, const at::Scalar& alpha) {
+at::Tensor shared_library_product(const char* name, OpCounter& counter, const at::Tensor& a,
+                                  const at::Tensor& b, const at::Tensor* bias,
+                                  const at::Scalar& beta, const at::Scalar& alpha) {
   HostKernelCall call(a.device().index(), &counter);
   const at::Tensor host_a = call.to_host(a), host_b = call.to_host(b);
   const at::Tensor host_bias = bias != nullptr ? call.to_host(*bias) : at::Tensor();
   at::Tensor result = call.run(name, [&] {
     at::Tensor out = at::empty({a.size(0), b.size(1)}, host_a.options());  // device memory
-    shared_onednn_rows(host_a, host_b, host_bias, beta, alpha, out);
+    shared_library_rows(host_a, host_b, host_bias, beta, alpha, out);
     return out;
   });
   counter.executed.fetch_add(1, std::memory_order_relaxed);
   return call.adopt(std::move(result));
+}
+
+// Whether a float32 product the native GEMM could compute belongs to a class the library
+// was measured faster for (gemm_route.h). The measurement computes the plain product of the
+// call's own operands (host aliases) into scratch memory, both kernels as they would run.
+bool library_measured_faster(const at::Tensor& a, const at::Tensor& b, const at::Tensor* bias) {
+  if (a.scalar_type() != at::kFloat || !shareable_library_product(a, b, bias)) return false;
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  if (m * n * k < kRoutedAboveMultiplyAdds) return false;
+  const auto transposed = [](const at::Tensor& t) { return t.stride(1) != 1 && t.size(1) > 1; };
+  const ProductClass cls = product_class(m, n, k, transposed(a), transposed(b));
+  std::optional<HostAliasSet> aliases;
+  at::Tensor host_a, host_b, scratch;
+  const auto prepare = [&] {
+    if (scratch.defined()) return;
+    aliases.emplace();
+    const auto host = [&](const at::Tensor& t) {
+      return is_device_tensor(t) ? aliases->alias(t) : t;
+    };
+    host_a = host(a);
+    host_b = host(b);
+    scratch = at::empty({m, n}, host_a.options().device(at::kCPU));
+  };
+  const auto run_native = [&] {
+    prepare();
+    compute_gemm(host_a, host_b, nullptr, 1.0f, 0.0f, scratch);
+  };
+  const auto run_library = [&] {
+    prepare();
+    shared_library_rows(host_a, host_b, at::Tensor(), 0, 1, scratch);
+  };
+  return gemm_route(cls, run_native, run_library) == GemmRoute::kLibrary;
 }
 
 // ---- eager neuron kernels --------------------------------------------------------------
@@ -244,8 +290,9 @@ at::Tensor neuron_mm(const at::Tensor& self, const at::Tensor& mat2) {
   if (auto launched = launch_or_wait<at::_ops::mm>(self, mat2)) return *launched;
   const auto shape = native_shape(self, mat2, 2);
   static OpCounter& counter = op_counter_named("aten::mm");
-  if (!shape && takes_shared_onednn_product(self, mat2, nullptr)) {
-    return shared_onednn_product("aten::mm", counter, self, mat2, nullptr, 0, 1);
+  if (shape ? library_measured_faster(self, mat2, nullptr)
+            : takes_shared_onednn_product(self, mat2, nullptr)) {
+    return shared_library_product("aten::mm", counter, self, mat2, nullptr, 0, 1);
   }
   if (!shape) return on_host<at::_ops::mm>("aten::mm", self, mat2);
   return native_product("aten::mm", counter, self, mat2, *shape, nullptr, 1.0f, 0.0f);
@@ -295,9 +342,10 @@ at::Tensor neuron_addmm(const at::Tensor& self, const at::Tensor& mat1, const at
   const auto shape = native_shape(mat1, mat2, 2);
   const auto bias = native_addmm_bias(self, mat1, shape, beta, alpha);
   static OpCounter& counter = op_counter_named("aten::addmm");
-  if (!bias && float_scalar(beta) && float_scalar(alpha) &&
-      takes_shared_onednn_product(mat1, mat2, &self)) {
-    return shared_onednn_product("aten::addmm", counter, mat1, mat2, &self, beta, alpha);
+  if (bias ? library_measured_faster(mat1, mat2, &self)
+           : float_scalar(beta) && float_scalar(alpha) &&
+                 takes_shared_onednn_product(mat1, mat2, &self)) {
+    return shared_library_product("aten::addmm", counter, mat1, mat2, &self, beta, alpha);
   }
   if (!bias) return on_host<at::_ops::addmm>("aten::addmm", self, mat1, mat2, beta, alpha);
   return native_product("aten::addmm", counter, mat1, mat2, *shape, &*bias, alpha.to<float>(),
@@ -307,18 +355,19 @@ at::Tensor neuron_addmm(const at::Tensor& self, const at::Tensor& mat1, const at
 // ---- custom ops for compiled graphs (CPU tensors) ---------------------------------------
 
 // A compiled graph's bf16 product that oneDNN computes, its rows over the board.
-at::Tensor cpu_shared_onednn_product(const at::Tensor& a, const at::Tensor& b,
-                                     const at::Tensor* bias, const at::Scalar& beta,
-                                     const at::Scalar& alpha) {
+at::Tensor cpu_shared_library_product(const at::Tensor& a, const at::Tensor& b,
+                                      const at::Tensor* bias, const at::Scalar& beta,
+                                      const at::Scalar& alpha) {
   at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options());
-  shared_onednn_rows(a, b, bias != nullptr ? *bias : at::Tensor(), beta, alpha, out);
+  shared_library_rows(a, b, bias != nullptr ? *bias : at::Tensor(), beta, alpha, out);
   return out;
 }
 
 at::Tensor cpu_native_mm(const at::Tensor& self, const at::Tensor& mat2) {
   const auto shape = native_shape(self, mat2, 2);
-  if (!shape && takes_shared_onednn_product(self, mat2, nullptr)) {
-    return cpu_shared_onednn_product(self, mat2, nullptr, 0, 1);
+  if (shape ? library_measured_faster(self, mat2, nullptr)
+            : takes_shared_onednn_product(self, mat2, nullptr)) {
+    return cpu_shared_library_product(self, mat2, nullptr, 0, 1);
   }
   if (!shape) return at::mm(self, mat2);
   at::Tensor out = at::empty(*shape, self.options());
@@ -338,9 +387,10 @@ at::Tensor cpu_native_addmm(const at::Tensor& self, const at::Tensor& mat1, cons
                             const at::Scalar& beta, const at::Scalar& alpha) {
   const auto shape = native_shape(mat1, mat2, 2);
   const auto bias = native_addmm_bias(self, mat1, shape, beta, alpha);
-  if (!bias && float_scalar(beta) && float_scalar(alpha) &&
-      takes_shared_onednn_product(mat1, mat2, &self)) {
-    return cpu_shared_onednn_product(mat1, mat2, &self, beta, alpha);
+  if (bias ? library_measured_faster(mat1, mat2, &self)
+           : float_scalar(beta) && float_scalar(alpha) &&
+                 takes_shared_onednn_product(mat1, mat2, &self)) {
+    return cpu_shared_library_product(mat1, mat2, &self, beta, alpha);
   }
   if (!bias) return at::addmm(self, mat1, mat2, beta, alpha);
   at::Tensor out = at::empty(*shape, mat1.options());
@@ -373,6 +423,8 @@ void define_native_gemm_ops(torch::Library& m) {
     const auto native = gemm_dtype(dtype);
     return native_kernels_enabled() && native && nk::gemm_preferred(*native, m, n, nk::isa_level());
   });
+  // The float32 product classes routed by measurement in this process (gemm_route.h).
+  m.def("gemm_routes() -> str[]", [] { return decided_gemm_routes(); });
   // One core's measured multiply-add peak (flop/s) at the kernels' ISA (benchmarks/gemm.py).
   m.def("fma_peak_flops(bool bf16, int iterations) -> float", [](bool bf16, int64_t iterations) {
     return neuron::kernels::fma_peak_flops(bf16, neuron::kernels::isa_level(), iterations);
