@@ -12,7 +12,7 @@ import logging
 import pytest
 import torch
 import torch._dynamo
-from conftest import tiny_llama
+from conftest import describe, run_python, tiny_llama
 
 import torchneuron.compile.backend as neuron_compile
 
@@ -302,3 +302,44 @@ def test_default_inductor_compiles_neuron_tensors():
     for p, q in zip(cpu.parameters(), dev.parameters(), strict=True):
         assert q.grad.device.type == "neuron"
         torch.testing.assert_close(q.grad.cpu(), p.grad, **TOL)
+
+
+@pytest.mark.host_isa_only
+@pytest.mark.launch_mode_independent
+def test_graph_runs_with_the_device_core_budget(tmp_path):
+    """A compiled graph's Inductor loops name the device's core budget (on a host the task
+    board covers: the caller's and the idle worker's cores), the PyTorch kernels it calls see
+    that count, and the caller's own count is back after the call."""
+    result = run_python(
+        """
+        import glob, os, torch, torchneuron
+        torch.set_num_threads(1)
+        budget = torchneuron._C._compiled_graph_threads()
+
+        @torch.library.custom_op("budget_test::plus_threads", mutates_args=())
+        def plus_threads(x: torch.Tensor) -> torch.Tensor:
+            return x + torch.get_num_threads()
+
+        @plus_threads.register_fake
+        def _(x):
+            return torch.empty_like(x)
+
+        def f(x):
+            return plus_threads((x * 2).sum(1))
+
+        x = torch.randn(256, 4096)
+        got = torch.compile(f, backend="neuron")(x.to("neuron")).cpu()
+        torch.testing.assert_close(got, (x * 2).sum(1) + budget, rtol=1e-5, atol=1e-3)
+        assert torch.get_num_threads() == 1, torch.get_num_threads()
+        root = torchneuron.compile.backend.neff_cache().root
+        files = [p for p in glob.glob(f"{root}/**/*", recursive=True) if os.path.isfile(p)]
+        named = any(f"num_threads({budget})" in open(p, errors="replace").read() for p in files)
+        print("budget", budget, "cpus", len(os.sched_getaffinity(0)), named)
+        """,
+        env={"TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path)},
+    )
+    assert result.returncode == 0, describe(result)
+    words = result.stdout.split()
+    budget, cpus, named = int(words[1]), int(words[3]), words[4]
+    assert budget == (max(1, cpus) if cpus <= 2 else 1), result.stdout
+    assert named == "True", describe(result)

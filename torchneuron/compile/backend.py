@@ -477,6 +477,15 @@ def _compile_host_graph(
     gm: torch.fx.GraphModule, host_inputs: list[Any], kwargs: dict[str, Any]
 ) -> Callable[[list[Any]], Any]:
     """The graph's host code: from the cache if a whole entry is there, else compiled."""
+    # The graph's parallel loops name their thread count (the device's core budget,
+    # compiled_graph_threads in csrc/aten/native/aten_parallel.h); the key holds it.
+    with torch._inductor.config.patch({"cpp.threads": int(_C._compiled_graph_threads())}):
+        return _compile_host_graph_with_threads(gm, host_inputs, kwargs)
+
+
+def _compile_host_graph_with_threads(
+    gm: torch.fx.GraphModule, host_inputs: list[Any], kwargs: dict[str, Any]
+) -> Callable[[list[Any]], Any]:
     from torch._inductor.compile_fx import compile_fx_inner
 
     cache = neff_cache()

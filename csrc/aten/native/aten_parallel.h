@@ -34,6 +34,17 @@ inline int worker_intra_op_threads(int caller_threads) {
   return cpus <= kBoardThreads ? 1 : caller_threads;
 }
 
+// The OpenMP threads a compiled graph runs with on the calling thread. Where the board
+// covers the host's CPUs, the device's core budget is the caller's and its worker's: the
+// worker has nothing of its own while the caller runs a graph (it only helps the graph's
+// native products), so the graph's Inductor kernels and the PyTorch kernels it calls get a
+// team that size, as eager's kernels get the board. Elsewhere, the caller's count. Fixed by
+// the host, not the launch mode, so a graph's code and results do not depend on the mode.
+inline int compiled_graph_threads(int caller_threads) {
+  static const int cpus = neuron::kernels::usable_cpus();
+  return cpus <= kBoardThreads ? std::max(caller_threads, cpus) : caller_threads;
+}
+
 // at::parallel_for's threads for a problem of `work` units (multiply-adds, elements read)
 // once it is at least `serial_below`; smaller ones, one thread, or a call already inside a
 // parallel region run serially (a split would cost more than it saves).
