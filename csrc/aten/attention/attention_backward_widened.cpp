@@ -11,7 +11,8 @@
 // on an AVX2 host, 1 thread: 0.6x at 8 rows × 8 × 16, 1.4x at 16 × 16 × 32, 2.5x at
 // 32 × 32 × 32, 6.2x at 128 × 128 × 64). Everything else (smaller problems, other dtypes,
 // hosts with native bf16, TORCHNEURON_NATIVE_KERNELS=0) runs the CPU kernel over host
-// aliases, launched like any op, with the CPU's results bit for bit. Compiled graphs run
+// aliases, launched like any op (split over the task board, shared_flash_attention.h), with
+// the CPU's results bit for bit. Compiled graphs run
 // over host memory, so their backward node is retargeted to torchneuron::
 // sdpa_backward_widened (defined here, CPU kernel), which decides the same way.
 #include <ATen/Operators.h>
@@ -22,6 +23,7 @@
 #include <optional>
 #include <tuple>
 
+#include "attention/shared_flash_attention.h"
 #include "cpu_features.h"
 #include "host_kernels/host_kernel_executor.h"
 #include "launch/async_launch.h"
@@ -80,6 +82,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_backward(
                                                 dropout_p, is_causal, attn_mask, scale)) {
     return {std::move((*results)[0]).toTensor(), std::move((*results)[1]).toTensor(),
             std::move((*results)[2]).toTensor()};
+  }
+  if (auto shared = shared_flash_attention_backward(grad_out, query, key, value, out, logsumexp,
+                                                    dropout_p, is_causal, attn_mask, scale)) {
+    return *std::move(shared);
   }
   return at::native::call_fallback_fn<&run_on_host_kernels_boxed, Op>::call(
       grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, attn_mask, scale);

@@ -12,10 +12,6 @@
 
 #include <vector>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "device/runtime_status.h"
 #include "device/stream_state.h"
 #include "host_kernels/host_kernel_executor.h"
@@ -46,28 +42,6 @@ void start_a_worker_to_help(c10::DeviceIndex device) {
   NEURON_CHECK(nrt_stream_launch(device, stream, [](void*) {}, nullptr));
 }
 
-// The calling thread's OpenMP count is compiled_graph_threads() while the graph runs (its
-// Inductor kernels name that count themselves; the PyTorch kernels it calls read this one).
-class GraphOpenMpThreads {
- public:
-#ifdef _OPENMP
-  GraphOpenMpThreads() : saved_(omp_get_max_threads()) {
-    const int threads = compiled_graph_threads(saved_);
-    if (threads != saved_) omp_set_num_threads(threads);
-  }
-  ~GraphOpenMpThreads() {
-    if (omp_get_max_threads() != saved_) omp_set_num_threads(saved_);
-  }
-#else
-  GraphOpenMpThreads() = default;
-#endif
-  GraphOpenMpThreads(const GraphOpenMpThreads&) = delete;
-  GraphOpenMpThreads& operator=(const GraphOpenMpThreads&) = delete;
-
- private:
-  int saved_ = 1;
-};
-
 // fn(host_args) -> sequence of outputs. Arguments that are neuron tensors reach fn as CPU
 // aliases; the outputs flagged in device_outputs come back as neuron tensors on `device`
 // (views of an argument stay views of it); the others are returned as fn gave them.
@@ -91,7 +65,9 @@ py::list call_host_graph(const py::function& fn, const py::list& args, int devic
     }
   }
   py::object result = call.run("compiled_graph", [&] {
-    const GraphOpenMpThreads threads;
+    // the graph's Inductor kernels name this count themselves; the PyTorch kernels it
+    // calls read the thread's
+    const OpenMpThreads threads(compiled_graph_threads(at::get_num_threads()));
     return fn(host_args);
   });
   host_args = py::list();  // drop the aliases' Python references before adopting

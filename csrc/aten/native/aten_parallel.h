@@ -6,6 +6,10 @@
 
 #include <ATen/Parallel.h>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include <algorithm>
 #include <cstdint>
 #include <functional>
@@ -44,6 +48,27 @@ inline int compiled_graph_threads(int caller_threads) {
   static const int cpus = neuron::kernels::usable_cpus();
   return cpus <= kBoardThreads ? std::max(caller_threads, cpus) : caller_threads;
 }
+
+// The calling thread's OpenMP count is `threads` while this lives (PyTorch's CPU kernels read
+// it; other threads keep theirs).
+class OpenMpThreads {
+ public:
+#ifdef _OPENMP
+  explicit OpenMpThreads(int threads) : saved_(omp_get_max_threads()) {
+    if (threads != saved_) omp_set_num_threads(threads);
+  }
+  ~OpenMpThreads() {
+    if (omp_get_max_threads() != saved_) omp_set_num_threads(saved_);
+  }
+#else
+  explicit OpenMpThreads(int /*threads*/) {}  // without OpenMP every thread runs one
+#endif
+  OpenMpThreads(const OpenMpThreads&) = delete;
+  OpenMpThreads& operator=(const OpenMpThreads&) = delete;
+
+ private:
+  int saved_ = 1;
+};
 
 // at::parallel_for's threads for a problem of `work` units (multiply-adds, elements read)
 // once it is at least `serial_below`; smaller ones, one thread, or a call already inside a

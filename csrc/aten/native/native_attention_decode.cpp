@@ -5,8 +5,9 @@
 // (csrc/kernels/sdpa_decode.h), which reads device memory in place (it is host-addressable),
 // reads each kv head once for all the query heads that share it, and skips cache positions
 // the mask hides. Everything else (prefill-length queries, dropout, causal, other dtypes,
-// masks it does not read, the off switch) runs PyTorch's CPU flash kernel over host aliases
-// through the host-kernel executor, so results and errors there are the CPU's.
+// masks it does not read, the off switch) runs PyTorch's CPU flash kernel over host aliases,
+// split over the task board when large (shared_flash_attention.h) or through the host-kernel
+// executor, so results and errors there are the CPU's.
 //
 // Compiled graphs run on host aliases, so their attention node is the CPU op; the backend
 // retargets decode-sized ones to torchneuron::native_sdpa_decode (defined here, CPU kernel:
@@ -28,6 +29,7 @@
 #include <cmath>
 #include <optional>
 
+#include "attention/shared_flash_attention.h"
 #include "device/device_placement.h"
 #include "host_kernels/host_kernel_executor.h"
 #include "launch/async_launch.h"
@@ -194,6 +196,10 @@ std::tuple<at::Tensor, at::Tensor> flash_attention(const at::Tensor& query, cons
   const NativeInputs in =
       native_inputs(query, key, value, dropout_p, is_causal, attn_mask, Memory::kDevice);
   if (!in.native) {
+    if (auto shared =
+            shared_flash_attention(query, key, value, dropout_p, is_causal, attn_mask, scale)) {
+      return *std::move(shared);
+    }
     return at::native::call_fallback_fn<&run_on_host_kernels_boxed, Op>::call(
         query, key, value, dropout_p, is_causal, attn_mask, scale);
   }

@@ -10,11 +10,8 @@
 #include <ATen/ExpandUtils.h>
 #include <ATen/Functions.h>
 #include <ATen/Operators.h>
+#include <ATen/ThreadLocalState.h>
 #include <torch/library.h>
-
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include <atomic>
 #include <optional>
@@ -151,36 +148,18 @@ bool takes_shared_onednn_product(const at::Tensor& a, const at::Tensor& b, const
          shareable_library_product(a, b, bias);
 }
 
-// The calling thread's OpenMP count is 1 while it lives (a helping caller keeps its own).
-class OneOpenMpThread {
- public:
-#ifdef _OPENMP
-  OneOpenMpThread() : saved_(omp_get_max_threads()) {
-    if (saved_ != 1) omp_set_num_threads(1);
-  }
-  ~OneOpenMpThread() {
-    if (saved_ != 1) omp_set_num_threads(saved_);
-  }
-#else
-  OneOpenMpThread() = default;  // without OpenMP every thread runs one
-#endif
-  OneOpenMpThread(const OneOpenMpThread&) = delete;
-  OneOpenMpThread& operator=(const OneOpenMpThread&) = delete;
-
- private:
-  int saved_ = 1;
-};
-
 // out = mm (bias undefined) or addmm of host tensors, the rows split in fixed tasks.
 void shared_library_rows(const at::Tensor& a, const at::Tensor& b, const at::Tensor& bias,
                          const at::Scalar& beta, const at::Scalar& alpha, at::Tensor& out) {
   const int64_t m = a.size(0);
   const c10::DispatchKeySet cpu(c10::DispatchKey::CPU);
+  const at::ThreadLocalState state;  // the poster's, for the threads that help
   const auto tasks = [&](int64_t first, int64_t last) {
     for (int64_t task = first; task < last; ++task) {
       const int64_t begin = m * task / kBoardProductTasks;
       const int64_t rows = m * (task + 1) / kBoardProductTasks - begin;
-      const OneOpenMpThread one_thread;
+      const at::ThreadLocalStateGuard caller_state(state);  // inference mode, for one
+      const OpenMpThreads one_thread(1);
       at::Tensor part = out.narrow(0, begin, rows);
       const at::Tensor part_a = a.narrow(0, begin, rows);
       if (!bias.defined()) {
