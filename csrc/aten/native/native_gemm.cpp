@@ -333,7 +333,8 @@ at::Tensor neuron_addmm(const at::Tensor& self, const at::Tensor& mat1, const at
 
 // ---- custom ops for compiled graphs (CPU tensors) ---------------------------------------
 
-// A compiled graph's bf16 product that oneDNN computes, its rows over the board.
+// A compiled graph's product the library computes (bf16 by oneDNN, float32 classes routed
+// to MKL), its rows over the board.
 at::Tensor cpu_shared_library_product(const at::Tensor& a, const at::Tensor& b,
                                       const at::Tensor* bias, const at::Scalar& beta,
                                       const at::Scalar& alpha) {
