@@ -307,9 +307,10 @@ def test_default_inductor_compiles_neuron_tensors():
 @pytest.mark.host_isa_only
 @pytest.mark.launch_mode_independent
 def test_graph_runs_with_the_device_core_budget(tmp_path):
-    """A compiled graph's Inductor loops name the device's core budget (on a host the task
-    board covers: the caller's and the idle worker's cores), the PyTorch kernels it calls see
-    that count, and the caller's own count is back after the call."""
+    """A large compiled graph's Inductor loops name the device's core budget (on a host the
+    task board covers: the caller's and the idle worker's cores), the PyTorch kernels it calls
+    see that count, and the caller's own count is back after the call; a small graph keeps
+    the caller's count."""
     result = run_python(
         """
         import glob, os, torch, torchneuron
@@ -327,10 +328,13 @@ def test_graph_runs_with_the_device_core_budget(tmp_path):
         def f(x):
             return plus_threads((x * 2).sum(1))
 
-        x = torch.randn(256, 4096)
+        x = torch.randn(256, 4096)  # 2^20 elements: a large graph
         got = torch.compile(f, backend="neuron")(x.to("neuron")).cpu()
         torch.testing.assert_close(got, (x * 2).sum(1) + budget, rtol=1e-5, atol=1e-3)
         assert torch.get_num_threads() == 1, torch.get_num_threads()
+        small = torch.randn(16, 64)  # a small graph (a decode step's size) keeps one thread
+        got = torch.compile(lambda x: f(x) * 1, backend="neuron")(small.to("neuron")).cpu()
+        torch.testing.assert_close(got, (small * 2).sum(1) + 1, rtol=1e-5, atol=1e-5)
         root = torchneuron.compile.backend.neff_cache().root
         files = [p for p in glob.glob(f"{root}/**/*", recursive=True) if os.path.isfile(p)]
         named = any(f"num_threads({budget})" in open(p, errors="replace").read() for p in files)

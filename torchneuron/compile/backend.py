@@ -264,19 +264,24 @@ def _graph_device(example_inputs: Sequence[Any]) -> int | None:
 class HostGraph:
     """A compiled ATen graph that runs as host code over neuron tensors (boxed calling)."""
 
-    def __init__(self, compiled: Any, device: int, device_outputs: list[bool]) -> None:
+    def __init__(
+        self, compiled: Any, device: int, device_outputs: list[bool], threads: int
+    ) -> None:
         # An instance attribute: AOT Autograd wraps the backward with functools.wraps, which
         # copies the instance's __dict__ (not class attributes) onto the wrapper.
         self._boxed_call = True
         self.compiled = compiled
         self.device = device
         self.device_outputs = device_outputs
+        self.threads = threads  # OpenMP threads of the calling thread while the graph runs
         self.calls = 0  # how often the graph ran (the projection's --script counts them)
 
     def __call__(self, args: list[Any]) -> list[Any]:
         self.calls += 1
         try:
-            return _C._call_host_graph(self.compiled, args, self.device, self.device_outputs)
+            return _C._call_host_graph(
+                self.compiled, args, self.device, self.device_outputs, self.threads
+            )
         finally:
             args.clear()  # the boxed convention: inputs are freed as early as possible
 
@@ -473,13 +478,50 @@ def _load_source(source: str) -> Callable[[list[Any]], Any]:
     return PyCodeCache.load(source).call
 
 
+# Graphs whose products have at least this many rows (training and prefill steps, diffusion
+# blocks) run on the device's core budget; graphs of GEMV-sized products (decode steps) on the
+# caller's threads: an OpenMP team beside the worker that shares their GEMVs made a 100M
+# Llama's compiled decode 1.5x slower (benchmarks/hf_generate.py --compiled, Ice Lake host).
+# A graph without products counts by its largest value.
+_BUDGET_FROM_ROWS = 64
+_BUDGET_FROM_ELEMENTS = 1 << 18
+
+
+def _product_targets() -> set[object]:
+    aten, native = torch.ops.aten, torch.ops.torchneuron
+    return {
+        aten.mm.default,
+        aten.addmm.default,
+        aten.bmm.default,
+        native.native_mm.default,
+        native.native_addmm.default,
+        native.native_bmm.default,
+    }
+
+
+def _graph_threads(gm: torch.fx.GraphModule) -> int:
+    """The OpenMP threads a graph's code is generated for and runs with."""
+    products = _product_targets()
+    rows, largest = -1, 0
+    for node in gm.graph.nodes:
+        value = node.meta.get("val")
+        if not isinstance(value, torch.Tensor):
+            continue
+        largest = max(largest, value.numel())
+        if node.op == "call_function" and node.target in products and value.dim() >= 2:
+            rows = max(rows, int(value.shape[-2]))
+    large = rows >= _BUDGET_FROM_ROWS if rows >= 0 else largest >= _BUDGET_FROM_ELEMENTS
+    if large:
+        return int(_C._compiled_graph_threads())  # compiled_graph_threads in aten_parallel.h
+    return torch.get_num_threads()
+
+
 def _compile_host_graph(
-    gm: torch.fx.GraphModule, host_inputs: list[Any], kwargs: dict[str, Any]
+    gm: torch.fx.GraphModule, host_inputs: list[Any], kwargs: dict[str, Any], threads: int
 ) -> Callable[[list[Any]], Any]:
     """The graph's host code: from the cache if a whole entry is there, else compiled."""
-    # The graph's parallel loops name their thread count (the device's core budget,
-    # compiled_graph_threads in csrc/aten/native/aten_parallel.h); the key holds it.
-    with torch._inductor.config.patch({"cpp.threads": int(_C._compiled_graph_threads())}):
+    # The graph's parallel loops name their thread count; the key holds it.
+    with torch._inductor.config.patch({"cpp.threads": threads}):
         return _compile_host_graph_with_threads(gm, host_inputs, kwargs)
 
 
@@ -558,10 +600,11 @@ def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kw
     use_native_decode_attention(gm)  # decode attention: the native kernel (native_attention.py)
     use_widened_attention_backward(gm)  # bf16 attention backward: float32 where bf16 is emulated
     use_device_only_ops(gm)  # efficient/flash/varlen attention: neuron's, on the host
-    compiled = _compile_host_graph(gm, host_inputs, kwargs)
+    threads = _graph_threads(gm)
+    compiled = _compile_host_graph(gm, host_inputs, kwargs, threads)
     with metrics.lock:
         metrics.host_graphs += 1
-    host_graph = HostGraph(compiled, device, device_outputs)
+    host_graph = HostGraph(compiled, device, device_outputs, threads)
     for observed in attach:
         observed(host_graph)
     return host_graph

@@ -42,11 +42,12 @@ void start_a_worker_to_help(c10::DeviceIndex device) {
   NEURON_CHECK(nrt_stream_launch(device, stream, [](void*) {}, nullptr));
 }
 
-// fn(host_args) -> sequence of outputs. Arguments that are neuron tensors reach fn as CPU
-// aliases; the outputs flagged in device_outputs come back as neuron tensors on `device`
-// (views of an argument stay views of it); the others are returned as fn gave them.
+// fn(host_args) -> sequence of outputs, run with `threads` OpenMP threads on this thread. Arguments
+// that are neuron tensors reach fn as CPU aliases; the outputs flagged in device_outputs come back
+// as neuron tensors on `device` (views of an argument stay views of it); the others are returned as
+// fn gave them.
 py::list call_host_graph(const py::function& fn, const py::list& args, int device,
-                         const std::vector<bool>& device_outputs) {
+                         const std::vector<bool>& device_outputs, int threads) {
   const auto index = static_cast<c10::DeviceIndex>(device);
   const c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, index));
   start_a_worker_to_help(index);
@@ -67,7 +68,7 @@ py::list call_host_graph(const py::function& fn, const py::list& args, int devic
   py::object result = call.run("compiled_graph", [&] {
     // the graph's Inductor kernels name this count themselves; the PyTorch kernels it
     // calls read the thread's
-    const OpenMpThreads threads(compiled_graph_threads(at::get_num_threads()));
+    const OpenMpThreads graph_threads(threads);
     return fn(host_args);
   });
   host_args = py::list();  // drop the aliases' Python references before adopting
@@ -93,10 +94,10 @@ py::list call_host_graph(const py::function& fn, const py::list& args, int devic
 }  // namespace
 
 void register_compiled_graph_call(py::module_& m) {
-  // The threads a graph compiled now names in its parallel loops (Inductor's cpp.threads).
+  // The device's core budget for a large graph (backend.py's _graph_threads).
   m.def("_compiled_graph_threads", [] { return compiled_graph_threads(at::get_num_threads()); });
   m.def("_call_host_graph", &call_host_graph, py::arg("fn"), py::arg("args"), py::arg("device"),
-        py::arg("device_outputs"));
+        py::arg("device_outputs"), py::arg("threads"));
 }
 
 }  // namespace torchneuron

@@ -38,7 +38,8 @@ inline int worker_intra_op_threads(int caller_threads) {
   return cpus <= kBoardThreads ? 1 : caller_threads;
 }
 
-// The OpenMP threads a compiled graph runs with on the calling thread. Where the board
+// The OpenMP threads a large compiled graph runs with on the calling thread (small ones, such
+// as decode steps, keep the caller's count: backend.py's _graph_threads). Where the board
 // covers the host's CPUs, the device's core budget is the caller's and its worker's: the
 // worker has nothing of its own while the caller runs a graph (it only helps the graph's
 // native products), so the graph's Inductor kernels and the PyTorch kernels it calls get a
