@@ -517,17 +517,9 @@ def _graph_threads(gm: torch.fx.GraphModule) -> int:
 
 
 def _compile_host_graph(
-    gm: torch.fx.GraphModule, host_inputs: list[Any], kwargs: dict[str, Any], threads: int
-) -> Callable[[list[Any]], Any]:
-    """The graph's host code: from the cache if a whole entry is there, else compiled."""
-    # The graph's parallel loops name their thread count; the key holds it.
-    with torch._inductor.config.patch({"cpp.threads": threads}):
-        return _compile_host_graph_with_threads(gm, host_inputs, kwargs)
-
-
-def _compile_host_graph_with_threads(
     gm: torch.fx.GraphModule, host_inputs: list[Any], kwargs: dict[str, Any]
 ) -> Callable[[list[Any]], Any]:
+    """The graph's host code: from the cache if a whole entry is there, else compiled."""
     from torch._inductor.compile_fx import compile_fx_inner
 
     cache = neff_cache()
@@ -601,7 +593,9 @@ def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kw
     use_widened_attention_backward(gm)  # bf16 attention backward: float32 where bf16 is emulated
     use_device_only_ops(gm)  # efficient/flash/varlen attention: neuron's, on the host
     threads = _graph_threads(gm)
-    compiled = _compile_host_graph(gm, host_inputs, kwargs, threads)
+    # The graph's parallel loops name their thread count; the cache key holds it (config).
+    with torch._inductor.config.patch({"cpp.threads": threads}):
+        compiled = _compile_host_graph(gm, host_inputs, kwargs)
     with metrics.lock:
         metrics.host_graphs += 1
     host_graph = HostGraph(compiled, device, device_outputs, threads)

@@ -13,7 +13,6 @@
 
 #include <ATen/Functions.h>
 #include <ATen/Operators.h>
-#include <ATen/ThreadLocalState.h>
 
 #include <algorithm>
 #include <atomic>
@@ -97,20 +96,13 @@ at::Tensor empty_laid_out_as(const at::Tensor& like, std::vector<int64_t> sizes)
   return at::empty(permuted, like.options()).permute(inverse);
 }
 
-// Runs task(t) -> results for both tasks over the board, each with one OpenMP thread, and
-// joins each result of the tasks along dimension `dim` into one tensor.
+// Runs task(t) -> results for both tasks over the board (run_cpu_kernel_tasks), and joins each
+// result of the tasks along dimension `dim` into one tensor.
 template <class Task>
 std::vector<at::Tensor> run_split(int64_t dim, int64_t size, const Task& task) {
   static std::atomic<uint64_t>& splits = native_kernel_counter("flash_attention_split");
   std::vector<std::vector<at::Tensor>> results(kTasks);
-  const at::ThreadLocalState state;  // the poster's (inference mode), for the threads that help
-  nrt::TaskBoard::instance().run(kTasks, [&](int64_t first, int64_t last) {
-    for (int64_t t = first; t < last; ++t) {
-      const at::ThreadLocalStateGuard caller_state(state);
-      const OpenMpThreads one(1);
-      results[t] = task(t);
-    }
-  });
+  run_cpu_kernel_tasks(kTasks, [&](int64_t t) { results[t] = task(t); });
   std::vector<at::Tensor> joined;
   for (size_t i = 0; i < results[0].size(); ++i) {
     std::vector<int64_t> sizes = results[0][i].sizes().vec();

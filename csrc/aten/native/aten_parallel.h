@@ -5,6 +5,7 @@
 #pragma once
 
 #include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -70,6 +71,28 @@ class OpenMpThreads {
  private:
   int saved_ = 1;
 };
+
+// Runs body(t) for every t in [0, tasks) as tasks of the board (without one here, on this
+// thread's OpenMP team), each on one OpenMP thread and under the posting thread's
+// thread-local state: for tasks that call PyTorch's CPU kernels, whose checks read it (a
+// helper outside inference mode refuses to write a result made inside it).
+template <class Body>
+void run_cpu_kernel_tasks(int64_t tasks, const Body& body) {
+  const at::ThreadLocalState state;
+  const auto run = [&](int64_t first, int64_t last) {
+    for (int64_t t = first; t < last; ++t) {
+      const at::ThreadLocalStateGuard poster_state(state);
+      const OpenMpThreads one_thread(1);
+      body(t);
+    }
+  };
+  nrt::TaskBoard& board = nrt::TaskBoard::instance();
+  if (board.shares_here()) {
+    board.run(tasks, run);
+  } else {
+    at::parallel_for(0, tasks, 1, run);
+  }
+}
 
 // at::parallel_for's threads for a problem of `work` units (multiply-adds, elements read)
 // once it is at least `serial_below`; smaller ones, one thread, or a call already inside a

@@ -1,7 +1,7 @@
 // Which kernel computes a float32 product on this host: the native GEMM or PyTorch's CPU
-// library kernel (MKL). Neither wins on every host: on the AVX2 and AMD AVX-512 hosts the
-// native GEMM is within a few percent of MKL, on an Intel AVX-512 host MKL reaches 80% of
-// one core's peak where the native GEMM reaches 50% (benchmarks/gemm.py). So the first
+// library kernel (MKL). Neither wins on every host: per CPU-second the native GEMM was 1.22x
+// MKL on an AMD AVX-512 host, 0.78-1.1x on an AVX2 host, 0.64x at M = 512 on an Intel Ice
+// Lake host, where MKL reaches 80% of one core's peak (benchmarks/gemm.py). So the first
 // product of each shape class times both kernels on its own operands and the class keeps the
 // faster one for the rest of the process, as cuDNN's benchmark mode does for convolutions.
 // TORCHNEURON_GEMM_ROUTE=native|library pins the choice (results then do not depend on

@@ -10,7 +10,6 @@
 #include <ATen/ExpandUtils.h>
 #include <ATen/Functions.h>
 #include <ATen/Operators.h>
-#include <ATen/ThreadLocalState.h>
 #include <torch/library.h>
 
 #include <atomic>
@@ -153,30 +152,19 @@ void shared_library_rows(const at::Tensor& a, const at::Tensor& b, const at::Ten
                          const at::Scalar& beta, const at::Scalar& alpha, at::Tensor& out) {
   const int64_t m = a.size(0);
   const c10::DispatchKeySet cpu(c10::DispatchKey::CPU);
-  const at::ThreadLocalState state;  // the poster's, for the threads that help
-  const auto tasks = [&](int64_t first, int64_t last) {
-    for (int64_t task = first; task < last; ++task) {
-      const int64_t begin = m * task / kBoardProductTasks;
-      const int64_t rows = m * (task + 1) / kBoardProductTasks - begin;
-      const at::ThreadLocalStateGuard caller_state(state);  // inference mode, for one
-      const OpenMpThreads one_thread(1);
-      at::Tensor part = out.narrow(0, begin, rows);
-      const at::Tensor part_a = a.narrow(0, begin, rows);
-      if (!bias.defined()) {
-        at::_ops::mm_out::redispatch(cpu, part_a, b, part);
-        continue;
-      }
-      const bool per_row = bias.dim() == 2 && bias.size(0) == m && m > 1;
-      const at::Tensor part_bias = per_row ? bias.narrow(0, begin, rows) : bias;
-      at::_ops::addmm_out::redispatch(cpu, part_bias, part_a, b, beta, alpha, part);
+  run_cpu_kernel_tasks(kBoardProductTasks, [&](int64_t task) {
+    const int64_t begin = m * task / kBoardProductTasks;
+    const int64_t rows = m * (task + 1) / kBoardProductTasks - begin;
+    at::Tensor part = out.narrow(0, begin, rows);
+    const at::Tensor part_a = a.narrow(0, begin, rows);
+    if (!bias.defined()) {
+      at::_ops::mm_out::redispatch(cpu, part_a, b, part);
+      return;
     }
-  };
-  nrt::TaskBoard& board = nrt::TaskBoard::instance();
-  if (board.shares_here()) {
-    board.run(kBoardProductTasks, tasks);
-  } else {  // no board (blocking launches, sharing off): the same tasks on this thread's team
-    at::parallel_for(0, kBoardProductTasks, 1, tasks);
-  }
+    const bool per_row = bias.dim() == 2 && bias.size(0) == m && m > 1;
+    const at::Tensor part_bias = per_row ? bias.narrow(0, begin, rows) : bias;
+    at::_ops::addmm_out::redispatch(cpu, part_bias, part_a, b, beta, alpha, part);
+  });
 }
 
 // The same for neuron tensors, over their host aliases.
