@@ -27,11 +27,30 @@
 #include "memory/allocation_redirect.h"
 #include "memory/caching_allocator.h"
 #include "memory/host_alias.h"
+#include "native/aten_parallel.h"
 #include "op_registrations.h"
 #include "ops/op_tracking.h"
 #include "profiler/device_activity.h"
 
 namespace torchneuron {
+
+InlineKernelThreads::InlineKernelThreads() {
+#ifdef _OPENMP
+  static const bool board_covers_cpus = neuron::kernels::usable_cpus() <= kBoardThreads;
+  if (!board_covers_cpus || !async_launches() || on_stream_worker()) return;
+  const int threads = omp_get_max_threads();
+  if (threads == 1 || omp_in_parallel()) return;
+  omp_set_num_threads(1);
+  saved_ = threads;
+#endif
+}
+
+InlineKernelThreads::~InlineKernelThreads() {
+#ifdef _OPENMP
+  if (saved_ != 0) omp_set_num_threads(saved_);
+#endif
+}
+
 namespace {
 
 // What the executor needs to know about an op, derived once from its schema.

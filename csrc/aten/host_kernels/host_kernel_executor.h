@@ -25,6 +25,25 @@ namespace torchneuron {
 
 struct OpCounter;
 
+// While alive: the OpenMP threads of PyTorch's CPU kernels that a device op runs on the thread
+// that called it (a copy to the host, an op that stays inline). libgomp keeps a team's idle
+// threads spinning after each parallel region (GOMP_SPINCOUNT: 300,000 pauses, about 6 ms of
+// a core on an Ice Lake guest), so a caller's two-thread copy left a thread spinning on the
+// core that the stream's worker and the board's tasks needed next. Where the board covers
+// the host's CPUs and a worker serves the device, such kernels run on one thread (the worker
+// is idle meanwhile; kernels split over the board still use it); otherwise, and on the
+// worker, the thread's count is left as it is (host_kernel_executor.cpp).
+class InlineKernelThreads {
+ public:
+  InlineKernelThreads();
+  ~InlineKernelThreads();
+  InlineKernelThreads(const InlineKernelThreads&) = delete;
+  InlineKernelThreads& operator=(const InlineKernelThreads&) = delete;
+
+ private:
+  int saved_ = 0;  // the count to restore, or 0 if unchanged
+};
+
 // One call of a host kernel on `device`. Holds the call's aliases until the results are
 // adopted; `counter` (may be null) is charged a fallback when a result must be copied in.
 class HostKernelCall {
@@ -49,6 +68,7 @@ class HostKernelCall {
                      DeviceActivityKind kind = DeviceActivityKind::kKernel) {
     const DeviceActivitySpan span(kind, name, device_);
     const DeviceAllocationScope scope(device_);
+    const InlineKernelThreads threads;
     return std::forward<Kernel>(kernel)();
   }
   // The same without a span of its own, for callers that record the time themselves (or
@@ -56,6 +76,7 @@ class HostKernelCall {
   template <class Kernel>
   decltype(auto) run_without_span(Kernel&& kernel) {
     const DeviceAllocationScope scope(device_);
+    const InlineKernelThreads threads;
     return std::forward<Kernel>(kernel)();
   }
 
