@@ -63,7 +63,7 @@ LAUNCH_MODE_TESTS=(tests/test_ops.py tests/test_ops_views.py tests/test_ops_dtyp
   tests/test_optimizers.py tests/test_native_gemm.py tests/test_rng.py tests/test_serialization.py
   tests/test_async_launch.py tests/test_attention_backward.py tests/test_task_sharing.py
   tests/test_iterator_kernels.py tests/test_native_gather.py tests/test_native_isin.py
-  tests/test_inductor_device.py tests/test_shared_flash_attention.py)
+  tests/test_inductor_device.py tests/test_shared_flash_attention.py tests/test_host_copies.py)
 for mode in TORCHNEURON_ASYNC_MIN_BYTES=0 NEURON_LAUNCH_BLOCKING=1; do
   add_pass "pytest, launch mode $mode, ${#LAUNCH_MODE_TESTS[@]} files" \
     env "$mode" "$PY" -m pytest "${LAUNCH_MODE_TESTS[@]}" -q -m "not launch_mode_independent"
