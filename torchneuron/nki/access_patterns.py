@@ -54,7 +54,7 @@ def access_pattern(
     shape = tuple(p[1] for p in pairs)
     itemsize = base.itemsize
     if offset is None:  # the current view's start
-        offset = tile.view.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+        offset = tile.region.__array_interface__["data"][0] - base.__array_interface__["data"][0]
         offset //= itemsize
     start = int(offset)
     if vector_offset is not None:

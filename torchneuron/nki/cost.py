@@ -79,7 +79,9 @@ def from_usage(usage: Usage, profile: ChipProfile | None = None) -> CostEstimate
     tensor = max(
         cycles.get("tensor", 0) / clock,
         usage.matmul_flops.get("fp32", 0) / chip.peak_fp32_flops_per_core
-        + usage.matmul_flops.get("bf16", 0) / chip.peak_bf16_flops_per_core,
+        + usage.matmul_flops.get("bf16", 0) / chip.peak_bf16_flops_per_core
+        # FP8 double-row: two products a processing element per cycle
+        + usage.matmul_flops.get("fp8_double_row", 0) / (2 * chip.peak_bf16_flops_per_core),
     )
     seconds = {"tensor": tensor}
     for engine in _COMPUTE:

@@ -90,7 +90,7 @@ def _canonical(dtype: Any) -> Dtype:
         result = np.dtype(dtype)
     except TypeError as error:
         raise NkiError(f"{dtype!r} is not an NKI dtype") from error
-    if result.name in _NAMED and result.kind == "V":  # ml_dtypes' bfloat16
+    if result.name in _NAMED:  # ml_dtypes' types (kind "V", or "f" for some float8 types)
         return _NAMED[result.name]
     if result.kind not in "fiub" or result.itemsize > 4:
         raise NkiError(

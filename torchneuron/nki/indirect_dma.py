@@ -111,7 +111,7 @@ def vector_select(tensor: Tile, dim: int, vector_offset: Any) -> VectorIndirectV
     what = "tensor.vector_select"
     if dim != 0:
         raise NkiError(f"{what}: dim must be 0 (the row each partition selects), got {dim}")
-    if tensor.adv is not None or not tensor.view.flags.c_contiguous:
+    if tensor.adv is not None or not tensor.region.flags.c_contiguous:
         raise NkiUnsupportedError(f"{what} on an indexed or strided view of a tensor")
     partitions = vector_offset.shape[0] if isinstance(vector_offset, Tile) else 0
     inner = [int(s) for s in tensor.shape[1:]]
@@ -122,7 +122,7 @@ def vector_select(tensor: Tile, dim: int, vector_offset: Any) -> VectorIndirectV
         stride //= size
         pattern.append((stride, size))
     base = tensor.storage.array
-    start = tensor.view.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+    start = tensor.region.__array_interface__["data"][0] - base.__array_interface__["data"][0]
     return vector_indirect_view(tensor, pattern, start // base.itemsize, vector_offset, 0, what)
 
 

@@ -58,7 +58,8 @@ class Usage:
     engine_cycles: Counter = field(default_factory=Counter)
     dma_bytes: int = 0  # every DMA (HBM<->SBUF and on-chip copies by DMA)
     hbm_bytes: int = 0  # the DMAs with an HBM side
-    matmul_flops: Counter = field(default_factory=Counter)  # "fp32" | "bf16" (narrower types)
+    # "fp32", "bf16" (narrower types), "fp8_double_row" (nc_matmul perf_mode)
+    matmul_flops: Counter = field(default_factory=Counter)
     sbuf_peak_bytes_per_partition: int = 0
     psum_peak_banks: int = 0
 
@@ -116,6 +117,8 @@ class Launch:
         # the hardware: a recording for the compiled path rounds as the hardware does.
         self.rounds_low_precision = record or precise_fp()
         self.inputs_written: set[int] = set()  # positions of the HBM arguments written
+        # storages of tensor.view(dtype) copies, which kernels may only read (tensor_views.py)
+        self.read_only: dict[int, str] = {}
         self.arrays: dict[int, np.ndarray] = {}  # sid -> array of every storage recorded
         self.roles: dict[int, tuple[str, int]] = {}
         self.nki_dtypes: dict[int, Any] = {}
@@ -304,7 +307,7 @@ def _touch(tile: Tile) -> None:
 
 def read(tile: Tile, masked: bool) -> np.ndarray:
     _touch(tile)
-    return _load(tile.view, tile, masked)
+    return _load(tile.region, tile, masked)
 
 
 def _load(view: np.ndarray, tile: Tile, masked: bool) -> np.ndarray:
@@ -327,7 +330,7 @@ def _fresh_view(tile: Tile) -> np.ndarray | None:
     storage = tile.storage
     if storage.fresh is None:
         return None
-    base, view = storage.array, tile.view
+    base, view = storage.array, tile.region
     offset = view.__array_interface__["data"][0] - base.__array_interface__["data"][0]
     return np.lib.stride_tricks.as_strided(
         storage.fresh.reshape(-1)[offset // base.itemsize :],
@@ -358,6 +361,8 @@ def fit_value(values: Any, shape: tuple[int, ...]) -> np.ndarray:
 def write(tile: Tile, values: Any, mask: Any, mode: str) -> None:
     _touch(tile)
     launch = current()
+    if tile.storage.sid in launch.read_only:
+        raise NkiError(launch.read_only[tile.storage.sid])
     role = tile.storage.role
     if role is not None and role[0] == "input":
         launch.inputs_written.add(role[1])
@@ -372,7 +377,7 @@ def write(tile: Tile, values: Any, mask: Any, mode: str) -> None:
             values = total
     if dtypes.needs_rounding(tile.dtype) and launch.rounds_low_precision:
         values = dtypes.round_to(values, tile.dtype)
-    _store(tile.view, tile, values, mask)
+    _store(tile.region, tile, values, mask)
     if fresh is not None:
         _store(fresh, tile, False, mask)
 

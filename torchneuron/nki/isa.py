@@ -33,7 +33,8 @@ from .control_flow import (  # noqa: F401  (NKI's device scalars and registers)
 from .instruction import INSTRUCTIONS
 
 _ENUMS_AND_QUERIES = [
-    "dge_mode", "engine", "get_nc_version", "nc_version", "oob_mode", "reduce_cmd",
+    "dge_mode", "engine", "get_nc_version", "matmul_perf_mode", "nc_version", "oob_mode",
+    "reduce_cmd",
     "unknown_engine", "tensor_engine", "vector_engine", "scalar_engine", "gpsimd_engine",
     "NkiScalar", "VirtualRegister", "register_alloc", "register_load", "register_move",
     "register_store", "scalar_load",
@@ -80,6 +81,14 @@ class dge_mode(enum.Enum):  # noqa: N801
     none = 1
     swdge = 2
     hwdge = 3
+
+
+class matmul_perf_mode(enum.Enum):  # noqa: N801
+    """nc_matmul's ``perf_mode`` (isa_tensor_engine.py): ``double_row`` is the FP8 mode of
+    NeuronCore-v3 and newer, two contraction rows a processing element."""
+
+    none = "none"
+    double_row = "double_row"
 
 
 class oob_mode(enum.Enum):  # noqa: N801

@@ -203,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-unit-tests", action="store_true")
     a = parser.parse_args(argv)
     root = a.path.resolve()
-    api_examples = (root / "nki" / "test").is_dir() and not (root / "src").is_dir()
+    # aws-neuron-sdk has a src/ too (tools, no kernels); nki-samples has test/unit
+    api_examples = (root / "nki" / "test").is_dir() and not (root / "test" / "unit").is_dir()
     if not (root / "src").is_dir() and not api_examples:
         print(
             f"error: {root} has neither src/ nor nki/test/: not a checkout of "

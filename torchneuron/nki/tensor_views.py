@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
-from . import interpreter
+from . import dtypes, interpreter
 from .control_flow import scalar_value_of
 from .errors import NkiError, NkiUnsupportedError
-from .tiles import Tile
+from .tiles import Tile, private_hbm
 
 
 def _dim(tile: Tile, dim: int, what: str, new: bool = False) -> int:
@@ -49,7 +49,7 @@ def _partition_kept(tile: Tile, dim: int, what: str) -> None:
 
 def _indexed(tile: Tile, key: tuple[Any, ...]) -> Tile:
     """A basic-indexing view (slices, integers, None), replayable by the compiled path."""
-    view = tile.view[key]
+    view = tile.region[key]
     return Tile(tile.storage, tile.keys + (key,), view, par_axis=0)
 
 
@@ -115,12 +115,12 @@ def reshape(tile: Tile, shape: Any) -> Tile:
             f"{what}: an on-chip tensor keeps its {tile.shape[0]} partitions as dimension 0, "
             f"got shape {dims}"
         )
-    view = tile.view.view()
+    view = tile.region.view()
     try:
         view.shape = dims
     except (AttributeError, ValueError):
         raise NkiError(
-            f"{what}: the view's layout (strides {tile.view.strides}) cannot be reshaped to "
+            f"{what}: the view's layout (strides {tile.region.strides}) cannot be reshaped to "
             f"{dims} without copying"
         ) from None
     return Tile(tile.storage, tile.keys + (("reshape", dims),), view, par_axis=0)
@@ -157,8 +157,8 @@ def flatten_dims(tile: Tile, start_dim: int, end_dim: int) -> Tile:
 def _strided(tile: Tile, shape: tuple[int, ...], strides: tuple[int, ...]) -> Tile:
     """A view the compiled path does not replay (the launch is traced on each call)."""
     base = tile.storage.array
-    start = tile.view.__array_interface__["data"][0] - base.__array_interface__["data"][0]
-    view = np.lib.stride_tricks.as_strided(tile.view, shape=shape, strides=strides)
+    start = tile.region.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+    view = np.lib.stride_tricks.as_strided(tile.region, shape=shape, strides=strides)
     steps = tuple(s // base.itemsize for s in strides)
     interpreter.current().uses_access_patterns = True
     return Tile(tile.storage, (("ap", start // base.itemsize, shape, steps),), view, par_axis=0)
@@ -179,7 +179,7 @@ def permute(tile: Tile, dims: Any) -> Tile:
     return _strided(
         tile,
         tuple(tile.shape[d] for d in order),
-        tuple(tile.view.strides[d] for d in order),
+        tuple(tile.region.strides[d] for d in order),
     )
 
 
@@ -193,7 +193,7 @@ def broadcast(tile: Tile, dim: int, size: int) -> Tile:
     if size < 1:
         raise NkiError(f"{what}: size must be >= 1, got {size}")
     shape = tile.shape[:dim] + (int(size),) + tile.shape[dim + 1 :]
-    strides = tile.view.strides[:dim] + (0,) + tile.view.strides[dim + 1 :]
+    strides = tile.region.strides[:dim] + (0,) + tile.region.strides[dim + 1 :]
     return _strided(tile, shape, strides)
 
 
@@ -233,7 +233,7 @@ def get_pattern(tile: Tile) -> list[list[int]]:
     """The view's ``[[stride, count], ...]`` in elements, one pair per dimension."""
     _plain(tile, "tensor.get_pattern")
     itemsize = tile.storage.array.itemsize
-    return [[s // itemsize, n] for s, n in zip(tile.view.strides, tile.shape, strict=True)]
+    return [[s // itemsize, n] for s, n in zip(tile.region.strides, tile.shape, strict=True)]
 
 
 def is_contiguous(tile: Tile) -> bool:
@@ -249,7 +249,63 @@ def is_contiguous(tile: Tile) -> bool:
     return True
 
 
+def _native_bytes(values: np.ndarray, dtype: Any) -> np.ndarray:
+    """The values of `dtype` as the bytes the device holds (the simulator keeps bfloat16 and
+    float8 as float32 values; tfloat32 is held in 4 bytes as float32 is)."""
+    if isinstance(dtype, dtypes.NamedDtype) and dtype.name != "tfloat32":
+        return np.ascontiguousarray(values.astype(dtypes.host(dtype)))
+    return np.ascontiguousarray(values)
+
+
+def _reinterpreted(source: Any, target: Any) -> Any:
+    def reinterpret(values: np.ndarray) -> np.ndarray:
+        raw = _native_bytes(np.asarray(values), source)
+        if isinstance(target, dtypes.NamedDtype) and target.name != "tfloat32":
+            return raw.view(dtypes.host(target)).astype(np.float32)
+        return raw.view(dtypes.storage(target))
+
+    return reinterpret
+
+
+def view_dtype(tile: Tile, dtype: Any) -> Tile:
+    """``tensor.view(dtype)``: an HBM tensor's bytes read as `dtype`; the same element size
+    keeps the shape, another scales the last dimension (contiguous, dividing evenly). The
+    device reinterprets in place at no cost; here tiles hold values, not bytes, so a view of
+    another type is a copy made by one DMA step of no cycles (the compiled path repeats it
+    every call), and writing through it is refused rather than lost. NaN payloads of
+    bfloat16 and float8 views come out canonical (values pass through float32)."""
+    what = "tensor.view"
+    target = dtypes.canonical(dtype)
+    if target == tile.dtype:
+        return tile
+    if tile.buffer.on_chip:
+        raise NkiUnsupportedError(
+            f"{what}({dtypes.name(target)}) of an on-chip tile: reinterpreting is for HBM "
+            "tensors here; convert tile values with nl.copy(tile, dtype=...)"
+        )
+    _plain(tile, what)
+    if not tile.shape or not is_contiguous(tile):
+        raise NkiError(f"{what}({dtypes.name(target)}) needs a contiguous tensor of rank >= 1")
+    last = tile.shape[-1] * dtypes.itemsize(tile.dtype)
+    if last % dtypes.itemsize(target):
+        raise NkiError(
+            f"{what}: the last dimension's {last} bytes do not divide into "
+            f"{dtypes.itemsize(target)}-byte {dtypes.name(target)} elements"
+        )
+    shape = tile.shape[:-1] + (last // dtypes.itemsize(target),)
+    launch = interpreter.current()
+    out = launch.allocate(shape, target, private_hbm)
+    fn = _reinterpreted(tile.dtype, target)
+    interpreter.execute(fn, [tile], [(out, None, "set")], "dma", 0)
+    launch.read_only[out.storage.sid] = (
+        f"{what}({dtypes.name(target)}) of a {dtypes.name(tile.dtype)} tensor is read-only "
+        "here (the simulator holds values, not bytes): store into the tensor itself"
+    )
+    return out
+
+
 METHODS = {
+    "view": view_dtype,
     "reshape": reshape,
     "slice": slice_dim,
     "select": select,

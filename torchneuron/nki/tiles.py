@@ -100,7 +100,7 @@ class Tile:
     __slots__ = (
         "storage",
         "keys",
-        "view",
+        "region",
         "adv",
         "adv_safe",
         "adv_oob",
@@ -113,13 +113,13 @@ class Tile:
         self,
         storage: Storage,
         keys: tuple[Any, ...] = (),
-        view: np.ndarray | None = None,
+        region: np.ndarray | None = None,
         adv: tuple[Any, ...] | None = None,
         par_axis: int | None = None,
     ) -> None:
         self.storage = storage
         self.keys = keys
-        self.view = storage.array if view is None else view
+        self.region = storage.array if region is None else region
         self.adv = adv
         self.adv_safe: tuple[Any, ...] | None = None
         self.adv_oob = False
@@ -128,11 +128,11 @@ class Tile:
         # into that tile directly (interpreter.assign).
         self.write_mask: Any = None
         if adv is not None:
-            self.adv_safe, self.adv_oob = clipped_key(self.view.shape, adv)
-            self.shape = advanced_shape(self.view.shape, self.adv_safe)
+            self.adv_safe, self.adv_oob = clipped_key(self.region.shape, adv)
+            self.shape = advanced_shape(self.region.shape, self.adv_safe)
             self.par_axis = 0
         else:
-            self.shape = tuple(self.view.shape)
+            self.shape = tuple(self.region.shape)
             self.par_axis = storage.par_axis if par_axis is None else par_axis
 
     # -- what kernels read ---------------------------------------------------------------
@@ -184,7 +184,7 @@ class Tile:
             # A column taken with an integer (``acc[:, i]``, a (128,) tile) indexed as the
             # (128, 1) tile the hardware addresses (``col[:, 0]``): trailing unit dimensions.
             unit = (Ellipsis,) + (None,) * extra
-            view = self.view[unit]
+            view = self.region[unit]
             widened = Tile(self.storage, self.keys + (unit,), view, par_axis=self.par_axis)
             return widened[items]
         if self.adv is not None:
@@ -193,12 +193,12 @@ class Tile:
         if advanced:
             basic = as_basic(items, self.shape)
             if basic is None:
-                return Tile(self.storage, self.keys, self.view, adv=items)
+                return Tile(self.storage, self.keys, self.region, adv=items)
             items = basic
-        view = self.view[items]
+        view = self.region[items]
         if not isinstance(view, np.ndarray):  # every axis taken by an integer: numpy copies
             items = (*items, Ellipsis)  # the element as a 0-d view instead (replayed as is)
-            view = self.view[items]
+            view = self.region[items]
         # Integer indices before the partition axis (block dimensions) remove it from view.
         dropped = sum(1 for i in items[: self.par_axis] if isinstance(i, int))
         return Tile(self.storage, self.keys + (items,), view, par_axis=self.par_axis - dropped)
@@ -206,10 +206,10 @@ class Tile:
     def same_access(self, other: Tile) -> bool:
         return (
             self.storage is other.storage
-            and self.view.shape == other.view.shape
-            and self.view.strides == other.view.strides
-            and self.view.__array_interface__["data"][0]
-            == other.view.__array_interface__["data"][0]
+            and self.region.shape == other.region.shape
+            and self.region.strides == other.region.strides
+            and self.region.__array_interface__["data"][0]
+            == other.region.__array_interface__["data"][0]
             and self.adv is None
             and other.adv is None
         )
