@@ -309,7 +309,8 @@ def test_default_inductor_compiles_neuron_tensors():
 def test_graph_runs_with_the_device_core_budget(tmp_path):
     """A large compiled graph's Inductor loops name the device's core budget (on a host the
     task board covers: the caller's and the idle worker's cores), the PyTorch kernels it calls
-    see that count, and the caller's own count is back after the call; a small graph keeps
+    see that count, and the caller's own count is back after the call; a small graph runs
+    on one thread there (its products get the second core through the board), elsewhere on
     the caller's count."""
     result = run_python(
         """
@@ -332,18 +333,24 @@ def test_graph_runs_with_the_device_core_budget(tmp_path):
         got = torch.compile(f, backend="neuron")(x.to("neuron")).cpu()
         torch.testing.assert_close(got, (x * 2).sum(1) + budget, rtol=1e-5, atol=1e-3)
         assert torch.get_num_threads() == 1, torch.get_num_threads()
-        small = torch.randn(16, 64)  # a small graph (a decode step's size) keeps one thread
+        # a small graph (a decode step's size) with torch's two threads: one thread where
+        # the board covers the CPUs (the worker shares its products), else the caller's
+        torch.set_num_threads(2)
+        small_budget = torchneuron._C._small_compiled_graph_threads()
+        small = torch.randn(16, 64)
         got = torch.compile(lambda x: f(x) * 1, backend="neuron")(small.to("neuron")).cpu()
-        torch.testing.assert_close(got, (small * 2).sum(1) + 1, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got, (small * 2).sum(1) + small_budget, rtol=1e-5, atol=1e-5)
+        assert torch.get_num_threads() == 2, torch.get_num_threads()
         root = torchneuron.compile.backend.neff_cache().root
         files = [p for p in glob.glob(f"{root}/**/*", recursive=True) if os.path.isfile(p)]
         named = any(f"num_threads({budget})" in open(p, errors="replace").read() for p in files)
-        print("budget", budget, "cpus", len(os.sched_getaffinity(0)), named)
+        print("budget", budget, "cpus", len(os.sched_getaffinity(0)), named, small_budget)
         """,
         env={"TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path)},
     )
     assert result.returncode == 0, describe(result)
     words = result.stdout.split()
-    budget, cpus, named = int(words[1]), int(words[3]), words[4]
+    budget, cpus, named, small_budget = int(words[1]), int(words[3]), words[4], int(words[5])
     assert budget == (max(1, cpus) if cpus <= 2 else 1), result.stdout
+    assert small_budget == (1 if cpus <= 2 else 2), result.stdout
     assert named == "True", describe(result)

@@ -513,7 +513,7 @@ def _graph_threads(gm: torch.fx.GraphModule) -> int:
     large = rows >= _BUDGET_FROM_ROWS if rows >= 0 else largest >= _BUDGET_FROM_ELEMENTS
     if large:
         return int(_C._compiled_graph_threads())  # compiled_graph_threads in aten_parallel.h
-    return torch.get_num_threads()
+    return int(_C._small_compiled_graph_threads())
 
 
 def _compile_host_graph(

@@ -51,6 +51,17 @@ inline int compiled_graph_threads(int caller_threads) {
   return cpus <= kBoardThreads ? std::max(caller_threads, cpus) : caller_threads;
 }
 
+// The OpenMP threads of a small compiled graph (a decode step: products of fewer than 64
+// rows). Where the board covers the host's CPUs, one: the graph's GEMVs get the second core
+// from the idle worker through the board, and a team of the caller's two threads beside it
+// competed for that core (a 100M Llama's compiled float32 decode: 36 tok/s with torch's
+// default two threads, 67 with one; hf_generate.py --compiled --threads 0 / 1). Fixed by the
+// host, as compiled_graph_threads is. Elsewhere, the caller's count.
+inline int small_compiled_graph_threads(int caller_threads) {
+  static const int cpus = neuron::kernels::usable_cpus();
+  return cpus <= kBoardThreads ? 1 : caller_threads;
+}
+
 // The calling thread's OpenMP count is `threads` while this lives (PyTorch's CPU kernels read
 // it; other threads keep theirs).
 class OpenMpThreads {
