@@ -313,6 +313,25 @@ def _run_backward(pair: _Pair, override: Override, phase: Callable[[str], None])
     )
 
 
+@contextlib.contextmanager
+def _device_kernel_threads() -> Iterator[None]:
+    """Both sides with the intra-op threads PyTorch's kernels get for device ops
+    (``_C._host_kernel_threads``: one on a 2-CPU host with asynchronous launches), so the CPU
+    reference runs each kernel as the device did: several (LayerNorm's backward) split their
+    sums by the thread count, which moves bfloat16 results by a rounding step."""
+    import torchneuron
+
+    threads = torch.get_num_threads()
+    device = torchneuron._C._host_kernel_threads()
+    if device != threads:
+        torch.set_num_threads(device)
+    try:
+        yield
+    finally:
+        if device != threads:
+            torch.set_num_threads(threads)
+
+
 def run_sample(
     info: Any,
     sample: Any,
@@ -330,6 +349,10 @@ def run_sample(
         return tolerance_override(info, DTYPES[dtype], training)
 
     def body() -> str:
+        with _device_kernel_threads():
+            return run()
+
+    def run() -> str:
         if sample.forward_input is None:
             raise CpuError("the sample has no forward input")
         phase("cpu")

@@ -21,6 +21,7 @@
 #include "device/runtime_status.h"
 #include "device/stream_state.h"
 #include "distributed/dist_backend.h"
+#include "host_kernels/host_kernel_executor.h"
 #include "launch/async_launch.h"
 #include "memory/caching_allocator.h"
 #include "memory/shared_storage.h"
@@ -169,6 +170,8 @@ PYBIND11_MODULE(_C, m) {
     nrt::TaskBoard::instance().set_enabled(enabled);
   });
   m.def("_helped_tasks", [] { return nrt::TaskBoard::instance().helped_tasks(); });
+  // PyTorch's CPU kernels of device ops run with this many threads (host_kernel_executor.h)
+  m.def("_host_kernel_threads", [] { return torchneuron::host_kernel_threads(); });
   m.def("_mem_get_info", [](int64_t device) {
     return torchneuron::caching_allocator().getMemoryInfo(
         torchneuron::checked_device_index(device, /*allow_current=*/true));

@@ -34,10 +34,14 @@
 
 namespace torchneuron {
 
+int host_kernel_threads() {
+  static const bool board_covers_cpus = neuron::kernels::usable_cpus() <= kBoardThreads;
+  return board_covers_cpus && async_launches() ? 1 : at::get_num_threads();
+}
+
 InlineKernelThreads::InlineKernelThreads() {
 #ifdef _OPENMP
-  static const bool board_covers_cpus = neuron::kernels::usable_cpus() <= kBoardThreads;
-  if (!board_covers_cpus || !async_launches() || on_stream_worker()) return;
+  if (on_stream_worker() || host_kernel_threads() != 1) return;
   const int threads = omp_get_max_threads();
   if (threads == 1 || omp_in_parallel()) return;
   omp_set_num_threads(1);

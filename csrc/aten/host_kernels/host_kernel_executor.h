@@ -33,6 +33,12 @@ struct OpCounter;
 // the host's CPUs and a worker serves the device, such kernels run on one thread (the worker
 // is idle meanwhile; kernels split over the board still use it); otherwise, and on the
 // worker, the thread's count is left as it is (host_kernel_executor.cpp).
+// The OpenMP threads PyTorch's CPU kernels of device ops get on the calling thread (the
+// worker's are the same, worker_intra_op_threads): 1 where the board covers the host's CPUs
+// and launches are asynchronous, else the thread's count. A CPU reference of device results
+// computed with this count runs the same kernels the same way.
+int host_kernel_threads();
+
 class InlineKernelThreads {
  public:
   InlineKernelThreads();
