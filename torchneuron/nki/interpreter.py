@@ -9,8 +9,10 @@ once per input signature, are what :mod:`.codegen` turns into straight-line host
 
 from __future__ import annotations
 
+import mmap
 import os
 import threading
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -181,6 +183,10 @@ class Launch:
                 self.roles[storage.sid] = storage.role
                 self.arrays[storage.sid] = storage.array
                 self.nki_dtypes[storage.sid] = storage.dtype
+                # code generation reads a scratch array's layout, never its values: once
+                # the kernel drops the tile, its memory goes (AWS's flash-attention backward
+                # at 8192 tokens kept every tile of the trace, ~15 GB)
+                weakref.finalize(storage, _keep_layout_only, self.arrays, storage.sid)
                 self.steps.append(
                     Step(_zeros, [], [], "alloc", storage.sid, tuple(self.loop_stack))
                 )
@@ -273,6 +279,20 @@ class Launch:
             self.arrays[storage.sid] = storage.array
             self.nki_dtypes[storage.sid] = storage.dtype
         return Ref(storage.sid, tile.keys, tile.adv_safe if safe else tile.adv)
+
+
+def _keep_layout_only(arrays: dict[int, np.ndarray], sid: int) -> None:
+    """Replaces a recorded array by one of the same shape, dtype and strides over anonymous
+    memory that is never written: it reads as zeros and holds no pages."""
+    array = arrays.get(sid)
+    if array is None or array.size == 0 or any(s < 0 for s in array.strides):
+        return
+    span = array.itemsize + sum(
+        (d - 1) * s for d, s in zip(array.shape, array.strides, strict=True)
+    )
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0)
+    memory = mmap.mmap(-1, span, flags=flags, prot=mmap.PROT_READ)
+    arrays[sid] = np.ndarray(array.shape, array.dtype, buffer=memory, strides=array.strides)
 
 
 _state = threading.local()
