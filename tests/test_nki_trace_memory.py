@@ -12,6 +12,7 @@ from __future__ import annotations
 import tracemalloc
 
 import numpy as np
+import pytest
 
 import torchneuron.nki as nki
 import torchneuron.nki.language as nl
@@ -43,3 +44,24 @@ def test_recording_a_kernel_keeps_only_live_tiles() -> None:
     np.testing.assert_array_equal(first, 64 * x)
     np.testing.assert_array_equal(_sum_of_loads(x), 64 * x)  # the compiled program's replay
     np.testing.assert_array_equal(_sum_of_loads.interpret(x), 64 * x)
+
+
+def test_a_row_program_too_large_to_compile_runs_as_numpy(monkeypatch) -> None:
+    # Straight-line C++ grows with the trace; past MAX_SOURCE_BYTES it is not compiled (g++
+    # held 12 GB on 167 MB of it): a warning says so and the numpy program gives the result.
+    from torchneuron.nki import cxx_build
+
+    monkeypatch.setattr(cxx_build, "MAX_SOURCE_BYTES", 1024)
+    monkeypatch.setenv("TORCHNEURON_NKI_ROW_PROGRAMS", "always")
+
+    @nki.jit
+    def scaled(x):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nl.store(out, value=nl.multiply(nl.exp(nl.load(x)), 2.0))
+        return out
+
+    x = np.linspace(-2, 2, 128 * 512, dtype=np.float32).reshape(128, 512)
+    with pytest.warns(RuntimeWarning, match=r"row program's C\+\+ is .* more than the 0 MiB"):
+        got = scaled(x)
+    np.testing.assert_allclose(got, 2 * np.exp(x), rtol=1e-6)
+    np.testing.assert_allclose(scaled(x), got, rtol=0, atol=0)

@@ -69,8 +69,20 @@ _lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL] = {}
 
 
+# Larger row programs are not compiled (CxxUnavailable: the numpy program runs). The code is
+# straight-line, one function per run of the trace: AWS's flash-attention backward makes 23 MB
+# at 4096 tokens, which g++ -O3 builds in minutes, and 167 MB (4.2 million lines) at 8192, on
+# which g++ held 12 GB and had not finished after 10 minutes.
+MAX_SOURCE_BYTES = 64 << 20
+
+
 def load(source: str) -> ctypes.CDLL:
     """The library built from `source` (compiled once per host and compiler, then cached)."""
+    if len(source) > MAX_SOURCE_BYTES:
+        raise CxxUnavailable(
+            f"the row program's C++ is {len(source) >> 20} MiB, more than the "
+            f"{MAX_SOURCE_BYTES >> 20} MiB compiled (straight-line code of a long trace)"
+        )
     cxx, version = _compiler()
     key = hashlib.sha256("\0".join([source, version, _host(), *FLAGS]).encode()).hexdigest()
     with _lock:
