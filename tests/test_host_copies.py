@@ -71,6 +71,22 @@ def test_overlapping_views_of_one_storage_are_refused_as_on_the_cpu() -> None:
     assert torch.equal(device.cpu(), host)  # neither copy wrote anything
 
 
+def test_a_destination_whose_elements_share_memory_is_refused_as_on_the_cpu() -> None:
+    # Each half of an expanded destination is free of overlap alone; the whole is not.
+    source = torch.randn(2, 1_000_000)
+    device = source.to(DEV)
+    with pytest.raises(RuntimeError, match="single memory location"):
+        torch.zeros(1, 1_000_000).expand(2, 1_000_000).copy_(source)
+    target = torch.zeros(1, 1_000_000)
+    with pytest.raises(RuntimeError, match="single memory location"):
+        target.expand(2, 1_000_000).copy_(device)
+    assert torch.equal(target, torch.zeros(1, 1_000_000))
+    on_device = torch.zeros(1, 1_000_000, device=DEV)
+    with pytest.raises(RuntimeError, match="single memory location"):
+        on_device.expand(2, 1_000_000).copy_(source)
+        torch.neuron.synchronize()
+
+
 def test_copies_out_keep_program_order_over_many_iterations() -> None:
     # Each iteration launches work that writes the tensor, then reads it to the host: a copy
     # that ran before the writes, or halves of two iterations mixed, would differ from the

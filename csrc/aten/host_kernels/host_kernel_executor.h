@@ -25,20 +25,20 @@ namespace torchneuron {
 
 struct OpCounter;
 
-// While alive: the OpenMP threads of PyTorch's CPU kernels that a device op runs on the thread
-// that called it (a copy to the host, an op that stays inline). libgomp keeps a team's idle
-// threads spinning after each parallel region (GOMP_SPINCOUNT: 300,000 pauses, about 6 ms of
-// a core on an Ice Lake guest), so a caller's two-thread copy left a thread spinning on the
-// core that the stream's worker and the board's tasks needed next. Where the board covers
-// the host's CPUs and a worker serves the device, such kernels run on one thread (the worker
-// is idle meanwhile; kernels split over the board still use it); otherwise, and on the
-// worker, the thread's count is left as it is (host_kernel_executor.cpp).
 // The OpenMP threads PyTorch's CPU kernels of device ops get on the calling thread (the
 // worker's are the same, worker_intra_op_threads): 1 where the board covers the host's CPUs
 // and launches are asynchronous, else the thread's count. A CPU reference of device results
 // computed with this count runs the same kernels the same way.
 int host_kernel_threads();
 
+// While alive: the OpenMP threads of PyTorch's CPU kernels that a device op runs on the thread
+// that called it (a copy to the host, an op that stays inline) are host_kernel_threads().
+// libgomp keeps a team's idle threads spinning after each parallel region (GOMP_SPINCOUNT:
+// 300,000 pauses, about 6 ms of a core on an Ice Lake guest), so a caller's two-thread copy
+// left a thread spinning on the core that the stream's worker and the board's tasks needed
+// next. Where the board covers the host's CPUs and a worker serves the device, such kernels
+// run on one thread (the worker is idle meanwhile; kernels split over the board still use
+// it); otherwise, and on the worker, the thread's count is left as it is.
 class InlineKernelThreads {
  public:
   InlineKernelThreads();

@@ -4,6 +4,7 @@
 // Everything else goes through host_kernel_executor.cpp.
 #include <ATen/ATen.h>
 #include <ATen/EmptyTensor.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/view_native.h>
@@ -38,8 +39,9 @@ void count(OpCounter& counter) { counter.executed.fetch_add(1, std::memory_order
 constexpr int64_t kSplitCopyFromBytes = int64_t{1} << 20;
 
 // CPU copy_ of `src` into `dst` (host views), in two board tasks where that pays. Views of
-// one storage are copied whole: PyTorch refuses a partial overlap of the whole copy, which
-// two halves, each checked alone, could race past.
+// one storage, and a destination whose elements share memory (an expanded tensor), are
+// copied whole: PyTorch refuses those overlaps in the whole copy, which two halves, each
+// checked alone, could race past.
 void host_copy(const at::Tensor& dst, const at::Tensor& src) {
   const auto copy = [](const at::Tensor& to, const at::Tensor& from) {
     at::_ops::copy_::redispatch(c10::DispatchKeySet(c10::DispatchKey::CPU),
@@ -50,6 +52,7 @@ void host_copy(const at::Tensor& dst, const at::Tensor& src) {
   const auto split = std::find_if(dims.begin(), dims.end(), [](int64_t n) { return n >= 2; });
   if (bytes < kSplitCopyFromBytes || dst.sizes() != src.sizes() || split == dims.end() ||
       dst.layout() != at::kStrided || src.layout() != at::kStrided || dst.is_alias_of(src) ||
+      at::has_internal_overlap(dst) != at::MemOverlap::No ||
       !nrt::TaskBoard::instance().shares_here()) {
     copy(dst, src);
     return;
