@@ -43,11 +43,10 @@ def test_a_dtype_view_reads_the_bytes_as_numpy_does(source, target) -> None:
         values = RNG.integers(0, 120, (128, 32))
     x = values.astype(source)
     expected = x.view(target)
-    nki_target = nki.language.float32 if target is np.float32 else target
 
     @nki.jit
     def kernel(x):
-        view = x.view(nki_target)
+        view = x.view(target)
         out = nl.ndarray(view.shape, dtype=view.dtype, buffer=nl.shared_hbm)
         nl.store(out, value=nl.load(view))
         return out

@@ -2,9 +2,9 @@
 
 Code generation reads a recorded scratch array's layout, never its values, so once the
 kernel drops a tile its array is replaced by one of the same layout over memory that holds
-no pages (interpreter._keep_layout_only). Before, every tile of the trace stayed alive until
-the code was built: AWS's flash-attention backward at 8192 tokens grew past 15 GB. The
-reference: numpy's allocations as tracemalloc counts them, against the tiles' sizes.
+no pages (interpreter._keep_layout_only), rather than every tile of the trace staying alive
+until the code is built (AWS's flash-attention backward at 4096 tokens: 5.5 GB against 2.5).
+The reference: numpy's allocations as tracemalloc counts them, against the tiles' sizes.
 """
 
 from __future__ import annotations

@@ -480,8 +480,9 @@ def _load_source(source: str) -> Callable[[list[Any]], Any]:
 
 # Graphs whose products have at least this many rows (training and prefill steps, diffusion
 # blocks) run on the device's core budget; graphs of GEMV-sized products (decode steps) on the
-# caller's threads: an OpenMP team beside the worker that shares their GEMVs made a 100M
-# Llama's compiled decode 1.5x slower (benchmarks/hf_generate.py --compiled, Ice Lake host).
+# worker's count (one on a 2-CPU host): an OpenMP team beside the worker that shares their GEMVs
+# made a 100M Llama's compiled decode 1.5-1.8x slower (benchmarks/hf_generate.py --compiled,
+# Ice Lake host).
 # A graph without products counts by its largest value.
 _BUDGET_FROM_ROWS = 64
 _BUDGET_FROM_ELEMENTS = 1 << 18

@@ -96,9 +96,9 @@ py::list call_host_graph(const py::function& fn, const py::list& args, int devic
 void register_compiled_graph_call(py::module_& m) {
   // The device's core budget for a large graph (backend.py's _graph_threads).
   m.def("_compiled_graph_threads", [] { return compiled_graph_threads(at::get_num_threads()); });
-  // ... and for a small one (a decode step)
+  // ... and for a small one (a decode step): the worker's count, fixed by the host as above
   m.def("_small_compiled_graph_threads",
-        [] { return small_compiled_graph_threads(at::get_num_threads()); });
+        [] { return worker_intra_op_threads(at::get_num_threads()); });
   m.def("_call_host_graph", &call_host_graph, py::arg("fn"), py::arg("args"), py::arg("device"),
         py::arg("device_outputs"), py::arg("threads"));
 }

@@ -35,8 +35,8 @@
 namespace torchneuron {
 
 int host_kernel_threads() {
-  static const bool board_covers_cpus = neuron::kernels::usable_cpus() <= kBoardThreads;
-  return board_covers_cpus && async_launches() ? 1 : at::get_num_threads();
+  const int threads = at::get_num_threads();
+  return async_launches() ? worker_intra_op_threads(threads) : threads;
 }
 
 InlineKernelThreads::InlineKernelThreads() {

@@ -33,14 +33,18 @@ constexpr int kBoardThreads = 2;
 // worker's) first waits for a wake-up: on a 2-vCPU KVM guest a 3 MFLOP torch.mm on the
 // caller went from 18 to 90 us inside a kernel. Where the board already puts the worker's
 // native kernels on every CPU, the worker opens no team (PyTorch's kernels run serially
-// on it, the caller keeps the only one); with more CPUs, the caller's count.
+// on it, the caller keeps the only one); with more CPUs, the caller's count. Small compiled
+// graphs (decode steps) run with the same count on the caller: the idle worker gives their
+// GEMVs the second core through the board, and a team of the caller's two threads beside it
+// competed for that core (a 100M Llama's compiled float32 decode: 36 tok/s with torch's
+// default two threads, 65 with one; hf_generate.py --compiled --threads 0 / 1).
 inline int worker_intra_op_threads(int caller_threads) {
   static const int cpus = neuron::kernels::usable_cpus();
   return cpus <= kBoardThreads ? 1 : caller_threads;
 }
 
 // The OpenMP threads a large compiled graph runs with on the calling thread (small ones, such
-// as decode steps, keep the caller's count: backend.py's _graph_threads). Where the board
+// as decode steps, get worker_intra_op_threads: backend.py's _graph_threads). Where the board
 // covers the host's CPUs, the device's core budget is the caller's and its worker's: the
 // worker has nothing of its own while the caller runs a graph (it only helps the graph's
 // native products), so the graph's Inductor kernels and the PyTorch kernels it calls get a
@@ -49,17 +53,6 @@ inline int worker_intra_op_threads(int caller_threads) {
 inline int compiled_graph_threads(int caller_threads) {
   static const int cpus = neuron::kernels::usable_cpus();
   return cpus <= kBoardThreads ? std::max(caller_threads, cpus) : caller_threads;
-}
-
-// The OpenMP threads of a small compiled graph (a decode step: products of fewer than 64
-// rows). Where the board covers the host's CPUs, one: the graph's GEMVs get the second core
-// from the idle worker through the board, and a team of the caller's two threads beside it
-// competed for that core (a 100M Llama's compiled float32 decode: 36 tok/s with torch's
-// default two threads, 67 with one; hf_generate.py --compiled --threads 0 / 1). Fixed by the
-// host, as compiled_graph_threads is. Elsewhere, the caller's count.
-inline int small_compiled_graph_threads(int caller_threads) {
-  static const int cpus = neuron::kernels::usable_cpus();
-  return cpus <= kBoardThreads ? 1 : caller_threads;
 }
 
 // The calling thread's OpenMP count is `threads` while this lives (PyTorch's CPU kernels read
